@@ -1,0 +1,3 @@
+from charlm.cli import main
+
+main()

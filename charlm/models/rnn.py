@@ -1,0 +1,59 @@
+"""LSTM and GRU language models: embedding -> torch.nn.LSTM / torch.nn.GRU -> linear head.
+
+The recurrence runs in PyTorch's fused kernels (never a Python loop over time steps). For generation
+the recurrent state is the cache: pass an RNNState and the layer carries (h, c) across calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from charlm.config import ModelConfig
+
+
+class RNNState:
+    """The LSTM's (h, c) or the GRU's h, carried from one call to the next; `pos` counts tokens seen."""
+
+    def __init__(self):
+        self.state = None
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.state = None
+        self.pos = 0
+
+
+class RNN(nn.Module):
+    has_attention = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        layer = {"lstm": nn.LSTM, "gru": nn.GRU}[cfg.kind]
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.rnn = layer(cfg.d_model, cfg.d_model, num_layers=cfg.n_layers, batch_first=True,
+                         dropout=cfg.dropout if cfg.n_layers > 1 else 0.0)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        if cfg.kind == "lstm":  # forget-gate bias 1: remember by default at the start of training
+            for name, p in self.rnn.named_parameters():
+                if name.startswith("bias_ih"):
+                    with torch.no_grad():
+                        p[cfg.d_model : 2 * cfg.d_model].fill_(1.0)
+
+    def new_cache(self, batch_size: int = 1, device=None, dtype=None) -> RNNState:
+        return RNNState()
+
+    def forward(self, idx, targets=None, cache: RNNState | None = None):
+        x = self.drop(self.tok_emb(idx))  # (B, T, C)
+        x, state = self.rnn(x, cache.state if cache is not None else None)  # (B, T, C)
+        if cache is not None:
+            cache.state = state
+            cache.pos += idx.size(1)
+        logits = self.head(self.drop(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss

@@ -1,0 +1,200 @@
+"""A GPT-style decoder: token embedding (+ positions), N pre-norm blocks of causal self-attention and
+an MLP, a final norm and an output head tied to the embedding.
+
+forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
+  cache: a KVCache; the new tokens are appended to it and attend to everything cached before them.
+  attn:  a list; when given, every layer appends its attention weights (B, n_heads, T, T_keys).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from charlm.config import ModelConfig
+
+
+class KVCache:
+    """Keys and values of every layer, pre-allocated for `max_len` positions.
+
+    `pos` is how many positions are filled. The model writes layer by layer and advances `pos` once
+    per forward call, after the last layer.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, max_len: int, device, dtype):
+        shape = (n_layers, batch_size, n_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.pos = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's new k, v (B, nh, T, hs); return all keys and values so far."""
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos : end] = k
+        self.v[layer, :, :, self.pos : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def reset(self) -> None:
+        self.pos = 0
+
+
+def rope_tables(head_dim: int, max_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # rotate pairs (first half, second half) of each head's channels by a position-dependent angle
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def sinusoidal_table(d_model: int, max_len: int) -> torch.Tensor:
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(pos * div)
+    table[:, 1::2] = torch.cos(pos * div)[:, : d_model // 2]
+    return table
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope, cache: KVCache | None, attn: list | None):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
+        if attn is None:
+            y = self._sdpa(q, k, v, past)
+        else:
+            y, weights = self._explicit(q, k, v, past)
+            attn.append(weights)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_drop(self.proj(y))
+
+    def _sdpa(self, q, k, v, past):
+        p = self.dropout if self.training else 0.0
+        T = q.size(2)
+        if past == 0:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        if T == 1:  # one new token sees every cached one: no mask needed
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, past, q.device), dropout_p=p)
+
+    def _explicit(self, q, k, v, past):
+        # the same attention, written out so its weights can be shown: softmax(QK^T / sqrt(d) + mask)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, past + T)
+        scores = scores.masked_fill(~causal_mask(q.size(2), past, q.device), float("-inf"))
+        weights = F.softmax(scores, dim=-1)
+        return weights @ v, weights
+
+
+def causal_mask(T: int, past: int, device) -> torch.Tensor:
+    """(T, past + T) bool: query i (at position past + i) may look at keys 0..past + i."""
+    return torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(F.relu(self.fc(x)).square()))  # ReLU²: cheap, and learns fast
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.norm2 = nn.RMSNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, cache, attn):
+        x = x + self.attn(self.norm1(x), rope, cache, attn)
+        return x + self.mlp(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    has_attention = True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.positions == "learned":
+            self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(cfg.d_model, cfg.context), persistent=False)
+        else:
+            cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied: the output head reads the embedding table
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # GPT-2: scale down what each residual branch adds
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def new_cache(self, batch_size: int = 1, device=None, dtype=None) -> KVCache:
+        p = self.tok_emb.weight
+        c = self.cfg
+        return KVCache(c.n_layers, batch_size, c.n_heads, c.d_model // c.n_heads, c.context,
+                       device or p.device, dtype or p.dtype)
+
+    def forward(self, idx, targets=None, cache: KVCache | None = None, attn: list | None = None):
+        B, T = idx.size()
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.context:
+            raise ValueError(f"{start + T} positions exceed the model's context of {self.cfg.context}")
+        x = self.tok_emb(idx)  # (B, T, C)
+        rope = None
+        if self.cfg.positions == "learned":
+            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        elif self.cfg.positions == "sinusoidal":
+            x = x + self.pos_table[start : start + T]
+        else:
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, rope, cache, attn)
+        if cache is not None:
+            cache.pos += T
+        logits = self.head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss

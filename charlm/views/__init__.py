@@ -1,0 +1,1 @@
+"""Terminal views: training progress, the chat REPL, attention maps, comparisons."""

@@ -1,0 +1,140 @@
+"""Renders training events: a live Rich progress bar on a terminal, plain log lines otherwise."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from charlm.generate import Generator, SampleConfig
+from charlm.train import Encoding, Evaluated, Result, Started, Stepped
+from charlm.views.text import safe_text
+
+
+def sample_text(model, tokenizer, n_tokens: int, seed: int = 0, prompt: str = "") -> str:
+    """A short sample from the model (its own RNG: the training RNG is never touched)."""
+    gen = Generator(model, tokenizer)
+    settings = SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
+    return gen.complete(tokenizer.encode(prompt, unknown="drop") if prompt else [], settings)
+
+
+class TrainView:
+    """Call it with each training event."""
+
+    def __init__(self, console: Console, sample_tokens: int = 200, log_every: int = 50):
+        self.console = console
+        self.live = console.is_terminal
+        self.sample_tokens = sample_tokens
+        self.log_every = log_every
+        self.progress: Progress | None = None
+        self.encode_task = self.train_task = None
+        self.total = 0
+        self.tps = 0.0  # smoothed tokens/s
+        self.last_val = ""
+        self.started: Started | None = None
+
+    def __call__(self, event) -> None:
+        if isinstance(event, Encoding):
+            self._encoding(event)
+        elif isinstance(event, Started):
+            self._started(event)
+        elif isinstance(event, Stepped):
+            self._stepped(event)
+        elif isinstance(event, Evaluated):
+            self._evaluated(event)
+
+    def _ensure_progress(self) -> Progress:
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self.progress.start()
+        return self.progress
+
+    def _encoding(self, e: Encoding) -> None:
+        if not self.live:
+            return
+        p = self._ensure_progress()
+        if self.encode_task is None:
+            self.encode_task = p.add_task("encoding", total=e.total, info="")
+        p.update(self.encode_task, completed=e.done, info=f"{e.done / 1e6:.1f}/{e.total / 1e6:.1f} MB")
+
+    def _started(self, e: Started) -> None:
+        self.started = e
+        m, t = e.model_config, e.train_config
+        size = f"{m.n_layers} layers × {m.d_model}" + (f", {m.n_heads} heads" if m.kind == "transformer" else "")
+        budget = f"{t.steps} steps" + (f" or {t.max_time:g}s" if t.max_time else "")
+        resumed = f", resuming at step {e.start_step}" if e.start_step else ""
+        self.console.print(
+            f"[bold]charlm train[/] {m.kind} ({size}, context {m.context}), {e.params / 1e6:.2f}M params, "
+            f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
+        )
+        self.console.print(
+            f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · batch {t.batch_size} · "
+            f"lr {t.lr:g} · {budget}{resumed} · saving to {e.out_dir}"
+        )
+        self.total = t.steps
+        if self.live:
+            p = self._ensure_progress()
+            if self.encode_task is not None:
+                p.update(self.encode_task, visible=False)
+            self.train_task = p.add_task("training", total=t.max_time if t.max_time else t.steps,
+                                         completed=e.train_config.max_time and 0 or e.start_step, info="")
+
+    def _stepped(self, e: Stepped) -> None:
+        self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
+        info = f"step {e.step} · loss {e.loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
+        if self.live:
+            t = self.started.train_config
+            done = min(e.elapsed, t.max_time) if t.max_time else e.step
+            if t.max_time:  # whichever budget runs out first drives the bar
+                done = max(done, t.max_time * e.step / t.steps)
+            self.progress.update(self.train_task, completed=done, info=info)
+        elif e.step % self.log_every == 0:
+            self.console.print(f"{info} · {e.elapsed:.0f}s", highlight=False)
+
+    def _evaluated(self, e: Evaluated) -> None:
+        self.last_val = f" · val {e.val_loss:.3f} ({e.val_bpc:.2f} bpc)"
+        best = " [green]best[/]" if e.is_best else ""
+        self.console.print(
+            f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
+            f"{e.val_bpc:.3f} bits/char{best}", highlight=False
+        )
+        if self.sample_tokens:
+            text = sample_text(e.model, e.tokenizer, min(self.sample_tokens, 120), seed=e.step)
+            self.console.print(Text("  ") + Text(safe_text(text.replace("\n", " ⏎ ")), style="dim italic"))
+
+    def finish(self, result: Result, final_sample: str | None) -> None:
+        self.close()
+        table = Table(title="training done" if result.stopped != "interrupted" else "training interrupted", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        why = {"steps": "reached --steps", "time": "--max-time ran out", "until": "paused", "interrupted": "Ctrl-C"}
+        table.add_row("steps", f"{result.step} ({why[result.stopped]})")
+        table.add_row("time", f"{result.train_seconds:.1f}s")
+        table.add_row("parameters", f"{result.params:,}")
+        if result.best_val_loss != float("inf"):
+            table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
+        table.add_row("checkpoints", f"{result.out_dir}/best.pt, last.pt")
+        self.console.print(table)
+        if final_sample:
+            self.console.print("[bold]sample:[/]")
+            self.console.print(Text(safe_text(final_sample), style="italic"))
+        self.console.print("\n[bold]try next:[/]")
+        self.console.print(f"  charlm chat {result.out_dir}", highlight=False)
+        self.console.print(f"  charlm sample {result.out_dir} --prompt \"...\"", highlight=False)
+        self.console.print(f"  charlm info {result.out_dir}", highlight=False)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
