@@ -1,0 +1,218 @@
+"""Char-level and byte-level BPE tokenizers behind one interface.
+
+Both turn str -> ids -> str, expose the UTF-8 bytes of each token (for streaming decode)
+and serialise to a small JSON envelope {"kind": ..., ...}; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import chain
+from typing import Callable, Iterable
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+UNKNOWN_POLICIES = ("error", "drop", "replace")
+
+
+class UnknownCharactersError(ValueError):
+    """Text contains characters outside a char tokenizer's vocabulary."""
+
+    def __init__(self, chars: list[str]):
+        self.chars = chars
+        n = len(chars)
+        shown = ", ".join(repr(c) for c in chars[:10]) + (", ..." if n > 10 else "")
+        super().__init__(
+            f"prompt has {n} character{'s' if n != 1 else ''} the model never saw: {shown} "
+            "(use --unknown drop or --unknown replace)"
+        )
+
+
+def _as_list(ids) -> list[int]:
+    # accepts lists, numpy arrays and torch tensors alike
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+
+
+class CharTokenizer:
+    """One token per Unicode code point; id = index in `chars`."""
+
+    kind = "char"
+
+    def __init__(self, chars: list[str]):
+        if not chars or len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise ValueError("a char vocabulary must be a non-empty list of distinct single characters")
+        self.chars = list(chars)
+        cps = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+        # searchsorted needs sorted code points; _order maps sorted position -> id
+        self._order = np.argsort(cps, kind="stable").astype(np.int32)
+        self._sorted = cps[self._order]
+
+    @classmethod
+    def train(cls, chunks: Iterable[str]) -> CharTokenizer:
+        seen: set[str] = set()
+        for chunk in chunks:
+            seen.update(chunk)
+        if not seen:
+            raise ValueError("cannot build a vocabulary from empty text")
+        return cls(sorted(seen))  # sorted by code point, so the vocabulary is stable
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def _lookup(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, known) per character, vectorised: no Python object per character."""
+        # surrogatepass: a lone surrogate (e.g. from a badly decoded argv) becomes an unknown char, not a crash
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        pos = np.searchsorted(self._sorted, cps).clip(max=len(self._sorted) - 1)
+        return self._order[pos], self._sorted[pos] == cps
+
+    def _unknown(self, text: str, known: np.ndarray) -> list[str]:
+        return list(dict.fromkeys(text[i] for i in np.flatnonzero(~known)))
+
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
+        if unknown not in UNKNOWN_POLICIES:
+            raise ValueError(f"unknown must be one of {UNKNOWN_POLICIES}, got {unknown!r}")
+        ids, known = self._lookup(text)
+        if not known.all():
+            if unknown == "error":
+                raise UnknownCharactersError(self._unknown(text, known))
+            if unknown == "drop":
+                ids = ids[known]
+            else:
+                ids = np.where(known, ids, self._replacement_id())
+        return ids.tolist()
+
+    def _replacement_id(self) -> int:
+        for c in (" ", "?"):
+            if c in self.chars:
+                return self.chars.index(c)
+        return 0
+
+    def encode_array(self, text: str) -> np.ndarray:
+        ids, known = self._lookup(text)
+        if not known.all():
+            raise UnknownCharactersError(self._unknown(text, known))
+        return ids
+
+    def decode(self, ids) -> str:
+        return "".join([self.chars[i] for i in _as_list(ids)])
+
+    def token_bytes(self, id: int) -> bytes:
+        return self.chars[id].encode("utf-8")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "chars": self.chars})
+
+    @staticmethod
+    def from_json(s: str) -> CharTokenizer:
+        return _load_kind(s, CharTokenizer)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable char table, the one the ByteLevel pre-tokenizer uses."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:  # whitespace and control bytes are shifted to 256+ so every token is printable
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+
+# A boundary between "X\n" and "Y" (X, Y not whitespace) is always a boundary of the GPT-2 pre-tokenizer
+# regex, so encoding the pieces separately gives exactly the ids of encoding the whole text.
+# (Python's \s is a superset of Unicode White_Space, so \S here never claims too much.)
+_SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\S)")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class BPETokenizer:
+    """Byte-level BPE (Hugging Face `tokenizers`): every str encodes, and decode(encode(s)) == s."""
+
+    kind = "bpe"
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        self._bytes = [bytes(BYTE_DECODER[c] for c in tok.id_to_token(i)) for i in range(tok.get_vocab_size())]
+
+    @classmethod
+    def train(cls, chunks: Iterable[str], vocab_size: int) -> BPETokenizer:
+        if vocab_size < 257:
+            raise ValueError(f"a BPE vocab size must be at least 257 (256 bytes + 1 merge), got {vocab_size}")
+        tok = Tokenizer(models.BPE())
+        # no normalizer: any normalisation would break exact round trips
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=2,  # a pair seen once is memorisation, not compression
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, so nothing is ever unknown
+            show_progress=False,  # it draws its own progress bar on stderr otherwise
+        )
+        tok.train_from_iterator(chunks, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._bytes)
+
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
+        # `unknown` is accepted for a uniform interface: byte-level BPE has no unknown characters.
+        # Lone surrogates are not encodable as UTF-8; show them as U+FFFD rather than crash.
+        return self.tok.encode(_SURROGATE.sub("\ufffd", text)).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # one big encode() is single-threaded and slow; a batch of line-ish pieces runs in parallel
+        encs = self.tok.encode_batch_fast(_SAFE_SPLIT.split(text))
+        return np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        # invalid UTF-8 (e.g. half an emoji) becomes U+FFFD, like bytes.decode(errors="replace")
+        return self.tok.decode(_as_list(ids))
+
+    def token_bytes(self, id: int) -> bytes:
+        return self._bytes[id]
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "tokenizer": json.loads(self.tok.to_str())})
+
+    @staticmethod
+    def from_json(s: str) -> BPETokenizer:
+        return _load_kind(s, BPETokenizer)
+
+
+def tokenizer_from_json(s: str) -> CharTokenizer | BPETokenizer:
+    d = json.loads(s)
+    kind = d.get("kind")
+    if kind == "char":
+        return CharTokenizer(d["chars"])
+    if kind == "bpe":
+        return BPETokenizer(Tokenizer.from_str(json.dumps(d["tokenizer"])))
+    raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'char' or 'bpe')")
+
+
+def _load_kind(s: str, cls: type):
+    tok = tokenizer_from_json(s)
+    if not isinstance(tok, cls):
+        raise ValueError(f"expected a {cls.kind!r} tokenizer, got {tok.kind!r}")
+    return tok
+
+
+def train_tokenizer(
+    kind: str, chunks_factory: Callable[[], Iterable[str]], vocab_size: int | None
+) -> CharTokenizer | BPETokenizer:
+    """Train a tokenizer of `kind` on the text from chunks_factory() (called once)."""
+    if kind == "char":
+        return CharTokenizer.train(chunks_factory())
+    if kind == "bpe":
+        if vocab_size is None:
+            raise ValueError("a BPE tokenizer needs a vocab size")
+        return BPETokenizer.train(chunks_factory(), vocab_size)
+    raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'char' or 'bpe')")

@@ -1,0 +1,267 @@
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from charlm.data import (
+    Batches,
+    CorpusError,
+    bits_per_char,
+    cache_dir,
+    corpus_sha256,
+    encode_corpus,
+    iter_corpus,
+    load_tokens,
+    prepare,
+)
+from charlm.tokenizer import BPETokenizer, CharTokenizer
+
+TEXT = "First line, plain ASCII.\nSecond: 中文 and émoji 😀\n\nThird\tline with tab.\n" * 40
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def write(tmp_path, name: str, data: bytes):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def read_all(path, **kw) -> str:
+    return "".join(iter_corpus(path, **kw))
+
+
+# ----------------------------------------------------------------------------- iter_corpus
+
+
+@pytest.mark.parametrize("chunk_chars", [1, 2, 3, 7, 64, 1 << 20])
+def test_iter_corpus_chunks_join_to_normalised_text(tmp_path, chunk_chars):
+    raw = "a\r\nb\rc\n\r\n\r\rd 中文😀\r\n" * 5 + "end\r"
+    p = write(tmp_path, "t.txt", raw.encode("utf-8"))
+    chunks = list(iter_corpus(p, chunk_chars=chunk_chars))
+    assert "".join(chunks) == raw.replace("\r\n", "\n").replace("\r", "\n")
+    assert all(chunks)
+
+
+def test_iter_corpus_cuts_at_newlines(tmp_path):
+    p = write(tmp_path, "t.txt", ("x" * 9 + "\n").encode() * 100)
+    chunks = list(iter_corpus(p, chunk_chars=95))
+    assert len(chunks) > 5 and all(c.endswith("\n") for c in chunks)
+
+
+def test_crlf_file_encodes_same_as_lf(tmp_path):
+    lf = write(tmp_path, "lf.txt", TEXT.encode())
+    crlf = write(tmp_path, "crlf.txt", TEXT.replace("\n", "\r\n").encode())
+    tok = CharTokenizer.train(iter_corpus(lf))
+    assert "\r" not in tok.chars
+    a, b = load_tokens(encode_corpus(lf, tok)), load_tokens(encode_corpus(crlf, tok))
+    assert np.array_equal(a, b)
+
+
+def test_bom_dropped(tmp_path):
+    p = write(tmp_path, "bom.txt", b"\xef\xbb\xbfhello\n")
+    assert read_all(p) == "hello\n"
+    assert read_all(p, chunk_chars=1) == "hello\n"
+
+
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda d: d / "missing.txt", "no such file: .*missing.txt"),
+        (lambda d: d, "is a directory"),
+        (lambda d: write(d, "empty.txt", b""), "empty.txt is empty"),
+        (lambda d: write(d, "bom-only.txt", b"\xef\xbb\xbf"), "is empty"),
+        (lambda d: write(d, "img.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))), "img.png looks like a binary file, not text"),
+        (lambda d: write(d, "late-nul.txt", b"a" * 10000 + b"\x00"), "binary file.*offset 10000"),
+        (lambda d: write(d, "utf16.txt", "hi".encode("utf-16")), "UTF-16.*iconv"),
+        (
+            lambda d: write(d, "latin1.txt", "café\n".encode("utf-8") * 300 + "naïve ÿ".encode("latin-1")),
+            r"latin1.txt is not UTF-8 text \(invalid byte 0xef at offset 1802\); convert it, e.g. iconv -f latin1 -t utf-8",
+        ),
+    ],
+)
+def test_corpus_errors(tmp_path, setup, match):
+    path = setup(tmp_path)
+    for chunk_chars in (1 << 20, 5):  # the offset must not depend on where blocks are cut
+        with pytest.raises(CorpusError, match=match):
+            read_all(path, chunk_chars=chunk_chars)
+
+
+def test_invalid_byte_split_across_blocks(tmp_path):
+    # a 3-byte character truncated by a plain ASCII byte, straddling block boundaries
+    p = write(tmp_path, "t.txt", b"abcd\xe4\xb8" + b"x")
+    for chunk_chars in (1, 2, 5, 6, 100):
+        with pytest.raises(CorpusError, match="invalid byte 0xe4 at offset 4"):
+            read_all(p, chunk_chars=chunk_chars)
+    p = write(tmp_path, "t2.txt", b"abcd\xe4\xb8")  # truncated at end of file
+    with pytest.raises(CorpusError, match="invalid byte 0xe4 at offset 4"):
+        read_all(p, chunk_chars=3)
+
+
+def test_corpus_sha256(tmp_path):
+    p = write(tmp_path, "t.txt", TEXT.encode())
+    assert corpus_sha256(p) == hashlib.sha256(TEXT.encode()).hexdigest()
+    with pytest.raises(CorpusError, match="no such file"):
+        corpus_sha256(tmp_path / "nope")
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def test_cache_dir(monkeypatch, tmp_path):
+    assert cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("CHARLM_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "charlm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "charlm"
+
+
+def test_encode_corpus_cached_and_uint16(tmp_path, cache):
+    p = write(tmp_path, "t.txt", TEXT.encode())
+    tok = CharTokenizer.train(iter_corpus(p))
+    calls = []
+    out = encode_corpus(p, tok, progress=lambda done, total: calls.append((done, total)))
+    assert out.parent == cache / "tokens" and out.name.startswith(corpus_sha256(p)[:16])
+    assert calls and calls[-1] == (p.stat().st_size, p.stat().st_size)
+    tokens = load_tokens(out)
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+    assert tok.decode(tokens) == TEXT
+    assert not list(out.parent.glob("*.tmp"))
+
+    mtime = out.stat().st_mtime_ns
+    calls.clear()
+    assert encode_corpus(p, tok, progress=lambda d, t: calls.append(d)) == out
+    assert out.stat().st_mtime_ns == mtime and not calls  # reused, not re-encoded
+
+    other = CharTokenizer(tok.chars + ["Ω"])  # a different tokenizer gets its own cache entry
+    assert encode_corpus(p, other) != out
+
+
+def test_encode_corpus_unknown_chars(tmp_path):
+    p = write(tmp_path, "t.txt", b"abc xyz\n")
+    with pytest.raises(CorpusError, match="characters the tokenizer never saw: 'x', 'y', 'z'"):
+        encode_corpus(p, CharTokenizer(list("abc \n")))
+
+
+def test_prepare_bpe_round_trip_and_tokenizer_cache(tmp_path, cache):
+    p = write(tmp_path, "t.txt", TEXT.encode())
+    tok, tokens_path, sha = prepare(p, "bpe", 300)
+    assert tok.kind == "bpe" and sha == corpus_sha256(p)
+    tokens = load_tokens(tokens_path)
+    assert tokens.dtype == np.uint16 and len(tokens) < len(TEXT)
+    assert tok.decode(tokens) == TEXT
+    assert len(list((cache / "tokenizers").glob("*-bpe-300.json"))) == 1
+
+    tok2, tokens_path2, _ = prepare(p, "bpe", 300)  # second run reuses both caches
+    assert tok2.to_json() == tok.to_json() and tokens_path2 == tokens_path
+
+    given = CharTokenizer.train([TEXT])  # resuming: the given tokenizer wins
+    tok3, tokens_path3, _ = prepare(p, "bpe", 300, tokenizer=given)
+    assert tok3 is given and tokens_path3 != tokens_path
+
+
+def test_prepare_surfaces_corpus_errors(tmp_path):
+    p = write(tmp_path, "bad.txt", b"ok\n" * 10 + b"\xff")
+    with pytest.raises(CorpusError, match="not UTF-8"):
+        prepare(p, "bpe", 300)
+
+
+def test_uint32_for_large_vocab(tmp_path):
+    chars = [chr(c) for c in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= c < 0xE000]
+    text = "".join(chars[-5:]) + "\n"
+    p = write(tmp_path, "t.txt", text.encode())
+    tok = CharTokenizer(chars + ["\n"])
+    tokens = load_tokens(encode_corpus(p, tok))
+    assert tokens.dtype == np.uint32 and tok.decode(tokens) == text
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def test_split_and_batch_shapes():
+    b = Batches(np.arange(1000, dtype=np.uint16), context=8, val_fraction=0.1)
+    assert len(b.train) == 900 and len(b.val) == 100 and b.val[0] == 900
+    b.check()
+    x, y = b.get_batch("train", 4, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 8) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)  # y is x shifted by one
+    assert x.max() < 900
+    xv, yv = b.get_batch("val", 64, torch.Generator().manual_seed(0))
+    assert xv.min() >= 900 and yv.max() <= 999  # windows stay inside the split
+
+
+def test_batches_cover_the_ends_of_the_split():
+    b = Batches(np.arange(20, dtype=np.uint16), context=4, val_fraction=0.5)
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(50):
+        _, y = b.get_batch("train", 8, g)
+        seen.update(y.flatten().tolist())
+    assert seen == set(range(1, 10))  # last train token (9) reachable as a target, never a val token
+
+
+def test_get_batch_determinism_from_generator_state():
+    b = Batches(np.arange(5000, dtype=np.uint16), context=16)
+    g = torch.Generator().manual_seed(123)
+    b.get_batch("train", 8, g)
+    state = g.get_state()
+    first = [b.get_batch("train", 8, g) for _ in range(3)]
+    g2 = torch.Generator()
+    g2.set_state(state)
+    again = [b.get_batch("train", 8, g2) for _ in range(3)]
+    for (x1, y1), (x2, y2) in zip(first, again):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_get_batch_from_memmap(tmp_path):
+    p = tmp_path / "t.npy"
+    np.save(p, np.arange(300, dtype=np.uint16))
+    b = Batches(load_tokens(p), context=10)
+    x, y = b.get_batch("val", 2, torch.Generator().manual_seed(0))
+    assert x.dtype == torch.int64 and torch.equal(y[:, :-1], x[:, 1:])
+
+
+@pytest.mark.parametrize(
+    "n, val_fraction, match",
+    [
+        (2000, 0.1, "corpus too short: 200 tokens of validation text but --context is 256"),
+        (2000, 0.0, "corpus too short: 0 tokens of validation text"),
+        (260, 0.5, "corpus too short: 130 tokens of training text but --context is 256"),
+    ],
+)
+def test_corpus_too_short(n, val_fraction, match):
+    b = Batches(np.zeros(n, dtype=np.uint16), context=256, val_fraction=val_fraction)
+    with pytest.raises(CorpusError, match=match + ".*use a smaller --context or a longer text"):
+        b.check()
+
+
+def test_check_accepts_exactly_context_plus_one():
+    Batches(np.zeros(22, dtype=np.uint16), context=10, val_fraction=0.5).check()
+
+
+def test_chars_per_token(tmp_path):
+    p = write(tmp_path, "t.txt", TEXT.encode())
+    tok, tokens_path, _ = prepare(p, "bpe", 320)
+    tokens = load_tokens(tokens_path)
+    b = Batches(tokens, context=8, val_fraction=0.5)
+    cpt = b.chars_per_token(tok)
+    assert cpt == pytest.approx(len(tok.decode(b.val)) / len(b.val)) and cpt > 1.2
+    assert b.chars_per_token(tok, split="train", max_tokens=100) == pytest.approx(
+        len(tok.decode(b.train[:100])) / 100
+    )
+    char = CharTokenizer.train([TEXT])
+    assert Batches(np.zeros(100, dtype=np.uint16), context=8).chars_per_token(char) == 1.0
+
+
+def test_bits_per_char():
+    assert bits_per_char(math.log(2), 1.0) == pytest.approx(1.0)
+    assert bits_per_char(2 * math.log(2), 4.0) == pytest.approx(0.5)
+    assert bits_per_char(math.log(65), 1.0) == pytest.approx(math.log2(65))

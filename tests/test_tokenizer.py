@@ -1,0 +1,164 @@
+import random
+
+import numpy as np
+import pytest
+from tokenizers import pre_tokenizers
+
+from charlm.tokenizer import (
+    BYTE_DECODER,
+    BPETokenizer,
+    CharTokenizer,
+    UnknownCharactersError,
+    tokenizer_from_json,
+    train_tokenizer,
+)
+
+SAMPLES = [
+    "hello world, the cat sat on the mat.\n",
+    "  leading and trailing spaces  \n\n\ttabs\t",
+    "中文文本：你好，世界！",
+    "مرحبا بالعالم",
+    "emoji 😀👍🏽🇫🇷 family 👨‍👩‍👧",
+    "combining e\u0301 a\u0308 and precomposed é ä",
+    "def f(x):\n    return {'a': [x ** 2 for _ in range(3)]}  # code\n",
+    "control \x00 \x1b[31mred\x1b[0m \x07 \r\n \r lone CR \x7f \u2028 \ufeff \u200b",
+    "mixed: Ελληνικά Русский 日本語 한국어 हिन्दी",
+]
+CORPUS = "".join(SAMPLES) * 3
+
+
+@pytest.fixture(scope="module")
+def bpe() -> BPETokenizer:
+    return BPETokenizer.train([CORPUS, "the quick brown fox jumps over the lazy dog\n" * 50], vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def char() -> CharTokenizer:
+    return CharTokenizer.train([CORPUS])
+
+
+@pytest.mark.parametrize("text", SAMPLES + [""])
+def test_char_round_trip(char, text):
+    ids = char.encode(text)
+    assert char.decode(ids) == text
+    assert char.encode_array(text).tolist() == ids
+    assert b"".join(char.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_char_vocab_is_sorted_set():
+    tok = CharTokenizer.train(["cab", "ba\n"])
+    assert tok.chars == ["\n", "a", "b", "c"]
+    assert tok.vocab_size == 4
+    assert tok.encode("abc\n") == [1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("text", SAMPLES + ["", "x", "unseen text: ÆØÅ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🦀 ሰላም"])
+def test_bpe_round_trip(bpe, text):
+    ids = bpe.encode(text)
+    assert bpe.decode(ids) == text
+    assert b"".join(bpe.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_bpe_encode_array_matches_encode(bpe):
+    # encode_array splits the text into pieces for speed; that must not change the ids
+    rng = random.Random(0)
+    words = ["the", "cat", " ", "  ", "\n", " \n", "\n\n", "\t", "你好", "😀", "x,", "'s", "\r"]
+    text = "".join(rng.choice(words) for _ in range(5000))
+    arr = bpe.encode_array(text)
+    assert arr.dtype.kind in "iu"
+    assert arr.tolist() == bpe.encode(text)
+
+
+def test_bpe_decode_of_any_ids_matches_token_bytes(bpe):
+    # decode must agree with the streaming path, even for ids that split a UTF-8 character
+    rng = random.Random(1)
+    for _ in range(200):
+        ids = [rng.randrange(bpe.vocab_size) for _ in range(rng.randrange(1, 8))]
+        expected = b"".join(bpe.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+        assert bpe.decode(ids) == expected
+
+
+def test_bpe_vocab_and_alphabet(bpe):
+    assert 256 < bpe.vocab_size <= 400
+    assert set(BYTE_DECODER) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(bpe.token_bytes(i) for i in range(bpe.vocab_size) if len(bpe.token_bytes(i)) == 1) == [
+        bytes([b]) for b in range(256)
+    ]
+    assert len(bpe.encode("the quick brown fox")) < len("the quick brown fox")  # merges were learned
+
+
+def test_bpe_min_vocab():
+    with pytest.raises(ValueError, match="at least 257"):
+        BPETokenizer.train(["abc"], vocab_size=256)
+    assert BPETokenizer.train(["abc abc"], vocab_size=257).vocab_size == 257
+
+
+def test_bpe_ignores_unknown_policy_and_survives_surrogates(bpe):
+    assert bpe.encode("héllo", unknown="error") == bpe.encode("héllo", unknown="drop")
+    assert bpe.decode(bpe.encode("a\udc80b")) == "a\ufffdb"
+
+
+def test_unknown_error_lists_chars_in_order(char):
+    with pytest.raises(UnknownCharactersError) as info:
+        char.encode("hi ⅀ there ⅀ \x01 ⅀")
+    assert info.value.chars == ["⅀", "\x01"]
+    msg = str(info.value)
+    assert "prompt has 2 characters the model never saw: '⅀', '\\x01'" in msg
+    assert "--unknown drop" in msg and "--unknown replace" in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_drop_and_replace(char):
+    text = "a⅀b"
+    assert char.decode(char.encode(text, unknown="drop")) == "ab"
+    assert char.decode(char.encode(text, unknown="replace")) == "a b"
+    with pytest.raises(UnknownCharactersError):
+        char.encode_array(text)
+    with pytest.raises(ValueError, match="unknown must be"):
+        char.encode("a", unknown="ignore")
+
+
+def test_unknown_replace_fallbacks():
+    assert CharTokenizer(["a", "?"]).encode("a!", unknown="replace") == [0, 1]
+    assert CharTokenizer(["b", "a"]).encode("a!", unknown="replace") == [1, 0]
+
+
+def test_char_lone_surrogate_is_unknown(char):
+    assert char.encode("a\udc80b", unknown="drop") == char.encode("ab")
+
+
+@pytest.mark.parametrize("which", ["char", "bpe"])
+def test_json_round_trip(which, char, bpe):
+    tok = {"char": char, "bpe": bpe}[which]
+    s = tok.to_json()
+    again = tokenizer_from_json(s)
+    assert type(again) is type(tok) and again.kind == which
+    assert again.to_json() == s  # stable, so its hash can key the token cache
+    assert again.vocab_size == tok.vocab_size
+    for text in SAMPLES:
+        assert again.encode(text) == tok.encode(text)
+    assert type(tok).from_json(s).to_json() == s
+
+
+def test_json_wrong_kind(char, bpe):
+    with pytest.raises(ValueError, match="expected a 'bpe' tokenizer"):
+        BPETokenizer.from_json(char.to_json())
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        tokenizer_from_json('{"kind": "pickle"}')
+
+
+def test_train_tokenizer():
+    chunks = lambda: iter(["some text ", "more text\n"] * 20)  # noqa: E731
+    assert train_tokenizer("char", chunks, None).kind == "char"
+    tok = train_tokenizer("bpe", chunks, 300)
+    assert tok.kind == "bpe" and tok.decode(tok.encode("some more")) == "some more"
+    with pytest.raises(ValueError):
+        train_tokenizer("bpe", chunks, None)
+    with pytest.raises(ValueError):
+        train_tokenizer("word", chunks, None)
+
+
+def test_decode_accepts_numpy(char, bpe):
+    for tok in (char, bpe):
+        ids = tok.encode("the cat")
+        assert tok.decode(np.array(ids, dtype=np.uint16)) == "the cat"
