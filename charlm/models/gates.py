@@ -1,0 +1,95 @@
+"""The gates of an LSTM / GRU, recomputed from its trained weights one time step at a time.
+
+PyTorch's fused kernels return only the hidden states; to see the gates we re-run each layer's
+equations in Python with the layer's own weights (torch.nn.LSTM / GRU docs):
+
+  LSTM (weights stacked in the order i, f, g, o)
+    i = σ(W_ii x + b_ii + W_hi h + b_hi)      input gate
+    f = σ(W_if x + b_if + W_hf h + b_hf)      forget gate
+    g = tanh(W_ig x + b_ig + W_hg h + b_hg)   candidate cell
+    o = σ(W_io x + b_io + W_ho h + b_ho)      output gate
+    c' = f * c + i * g,   h' = o * tanh(c')
+  GRU (stacked r, z, n)
+    r = σ(W_ir x + b_ir + W_hr h + b_hr)      reset gate
+    z = σ(W_iz x + b_iz + W_hz h + b_hz)      update gate (1: keep the old state)
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+    h' = (1 - z) * n + z * h
+
+Layer l > 0 reads layer l-1's hidden states (the dropout between layers is off in eval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+LSTM_GATES = ("input", "forget", "cell", "output")  # PyTorch's order: i, f, g, o
+GRU_GATES = ("reset", "update", "new")  # r, z, n
+
+
+@dataclass
+class LayerTrace:
+    """One layer over time. Every tensor is (B, T, hidden)."""
+
+    gates: dict[str, torch.Tensor]  # LSTM: input, forget, cell (g), output; GRU: reset, update, new
+    h: torch.Tensor  # hidden state after each step
+    c: torch.Tensor | None  # LSTM cell state after each step (None for a GRU)
+
+
+def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None) -> list[LayerTrace]:
+    """Re-run `rnn` (batch_first) on x (B, T, C) step by step; state as nn.LSTM/GRU takes it
+    ((h0, c0) or h0, each (layers, B, hidden)), None for zeros. Returns one trace per layer."""
+    if not rnn.batch_first or rnn.bidirectional or getattr(rnn, "proj_size", 0):
+        raise ValueError("trace_rnn handles unidirectional, batch_first layers without projections")
+    lstm = isinstance(rnn, nn.LSTM)
+    B, T, _ = x.shape
+    H = rnn.hidden_size
+    if state is None:
+        h0 = x.new_zeros(rnn.num_layers, B, H)
+        c0 = x.new_zeros(rnn.num_layers, B, H)
+    else:
+        h0, c0 = state if lstm else (state, None)
+    traces = []
+    inp = x
+    for layer in range(rnn.num_layers):
+        w_ih, w_hh = getattr(rnn, f"weight_ih_l{layer}"), getattr(rnn, f"weight_hh_l{layer}")
+        b_ih = getattr(rnn, f"bias_ih_l{layer}", None) if rnn.bias else None
+        b_hh = getattr(rnn, f"bias_hh_l{layer}", None) if rnn.bias else None
+        xw = inp @ w_ih.T + (b_ih if b_ih is not None else 0)  # (B, T, k*H): the input part, all steps at once
+        h = h0[layer]
+        c = c0[layer] if lstm else None
+        hs, cs, gates = [], [], {name: [] for name in (LSTM_GATES if lstm else GRU_GATES)}
+        for t in range(T):
+            hw = h @ w_hh.T + (b_hh if b_hh is not None else 0)  # (B, k*H)
+            if lstm:
+                i, f, g, o = (xw[:, t] + hw).chunk(4, dim=-1)
+                i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+                c = f * c + i * g
+                h = o * torch.tanh(c)
+                for name, v in zip(LSTM_GATES, (i, f, g, o)):
+                    gates[name].append(v)
+                cs.append(c)
+            else:
+                x_r, x_z, x_n = xw[:, t].chunk(3, dim=-1)
+                h_r, h_z, h_n = hw.chunk(3, dim=-1)
+                r = torch.sigmoid(x_r + h_r)
+                z = torch.sigmoid(x_z + h_z)
+                n = torch.tanh(x_n + r * h_n)
+                h = (1 - z) * n + z * h
+                for name, v in zip(GRU_GATES, (r, z, n)):
+                    gates[name].append(v)
+            hs.append(h)
+        stacked = {name: torch.stack(v, dim=1) for name, v in gates.items()}
+        h_seq = torch.stack(hs, dim=1)
+        traces.append(LayerTrace(stacked, h_seq, torch.stack(cs, dim=1) if lstm else None))
+        inp = h_seq
+    return traces
+
+
+@torch.no_grad()
+def trace_model(model, idx: torch.Tensor) -> list[LayerTrace]:
+    """The gates of a charlm RNN (an LSTM or GRU language model) reading idx (B, T) from a fresh state."""
+    x = model.tok_emb(idx)  # the dropout after the embedding is off in eval
+    return trace_rnn(model.rnn, x)

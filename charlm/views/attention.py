@@ -1,0 +1,388 @@
+"""The attention viewer: what each token of the text looked at, as terminal heat maps.
+
+Views (overview, stats and focus combine; the map is shown when none of them is asked for):
+  map       one head (layer L, head H) or the mean over a layer's heads: rows = query tokens,
+            columns = key tokens, nothing above the diagonal (a token never sees the future)
+  overview  every layer × head as a small map, so local (diagonal) and global heads stand out
+  stats     per head: attention entropy and mean distance looked back, naming the most local and
+            the most global head
+  focus     one query token: the keys it attended to most, as bars with weights
+
+The weights come from the model's own forward pass (Transformer.forward(attn=[]) takes its explicit
+softmax path); the text runs as one window, its last `context` tokens. Layers and heads count from 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from charlm.config import ConfigError
+from charlm.views.heatmap import (MAX_LABEL, asciify, clip_label, heatmap_lines, legend, level_style, pad, ramp,
+                                  shade_index, token_label, use_ascii, window)
+
+OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
+BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+USAGE = "try /attn help"
+HELP = """/attn                 the last layer, mean over its heads (rows: tokens; columns: what they saw)
+/attn L H             layer L, head H (counted from 0)
+/attn L               layer L, mean over its heads (also: /attn L mean)
+/attn overview        every layer × head as small maps
+/attn stats           entropy and mean distance of every head
+/attn focus [N|TEXT]  what one token looked at (default: the last token)
+add: tokens N · end N (show the tokens before position N) · top K (focus list)
+     abs (weight 1 is darkest, not each row's largest) · ascii (plain characters)"""
+
+
+@dataclass
+class AttnOptions:
+    layer: int | None = None  # None: the last layer
+    head: int | None = None  # None: the mean over the layer's heads
+    mean: bool = False
+    overview: bool = False
+    stats: bool = False
+    focus: str | None = None  # a token position (negative: from the end) or a token's text; "" = last token
+    tokens: int | None = None  # how many tokens to show (default: as many as fit)
+    end: int | None = None  # show the tokens before this position (default: the end of the text)
+    scale: str = "row"  # row: shade relative to each row's largest weight; abs: weight 1 is darkest
+    ascii: bool = False
+    top: int = 10  # keys listed by the focus view
+
+    @property
+    def show_map(self) -> bool:
+        # the map unless another view is asked for (the layer/head choice then applies to the focus view)
+        return not (self.overview or self.stats or self.focus is not None)
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{what} must be a whole number, got '{text}'") from None
+
+
+def parse_args(args: list[str]) -> AttnOptions:
+    """The words after /attn in chat, e.g. [], ["1", "2"], ["overview"], ["focus", "12"], ["stats"]."""
+    opts, numbers, i = AttnOptions(), [], 0
+    words = {"overview", "stats", "mean", "focus", "tokens", "end", "top", "abs", "row", "ascii"}
+    while i < len(args):
+        a = args[i].lower()
+        if a in ("overview", "stats", "mean", "ascii"):
+            setattr(opts, a, True)
+        elif a in ("abs", "row"):
+            opts.scale = a
+        elif a == "focus":
+            if i + 1 < len(args) and args[i + 1].lower() not in words:
+                opts.focus = args[i + 1]
+                i += 1
+            else:
+                opts.focus = ""
+        elif a in ("tokens", "end", "top"):
+            if i + 1 >= len(args):
+                raise ConfigError(f"'{a}' needs a number after it")
+            setattr(opts, a, _int(args[i + 1], a))
+            i += 1
+        elif a.lstrip("-").isdigit():
+            numbers.append(int(a))
+        else:
+            raise ConfigError(f"unknown /attn argument '{args[i]}': {USAGE}")
+        i += 1
+    if len(numbers) > 2:
+        raise ConfigError(f"/attn takes at most a layer and a head, got {len(numbers)} numbers: {USAGE}")
+    if numbers:
+        opts.layer = numbers[0]
+    if len(numbers) == 2:
+        opts.head = numbers[1]
+    return opts
+
+
+def capture(model, ids: list[int]) -> tuple[int, np.ndarray]:
+    """Run the last `context` tokens of ids through the model once; return (offset, weights) where
+    weights[l, h, i, j] is how much token offset+i attended to token offset+j in layer l, head h."""
+    if not ids:
+        raise ConfigError("there is no text to look at yet: give a prompt first")
+    offset = max(0, len(ids) - model.cfg.context)
+    device = next(model.parameters()).device
+    idx = torch.tensor([ids[offset:]], dtype=torch.long, device=device)
+    attn: list[torch.Tensor] = []
+    was_training = model.training
+    model.eval()  # no dropout on the weights we show
+    try:
+        with torch.no_grad():
+            model(idx, attn=attn)
+    finally:
+        model.train(was_training)
+    return offset, torch.stack([a[0] for a in attn]).float().cpu().numpy()  # (L, nh, T, T)
+
+
+@dataclass
+class HeadStats:
+    layer: int
+    head: int
+    entropy: float  # bits, mean over query tokens
+    distance: float  # tokens looked back, weighted by attention, mean over query tokens
+    offset: int  # the most common distance to a row's strongest key (0: itself, 1: the token before)
+    offset_share: float  # how often that is the strongest key
+
+
+def head_stats(weights: np.ndarray) -> list[HeadStats]:
+    """Statistics of every head from weights (L, nh, T, T), over all query tokens but the first (which
+    can only look at itself)."""
+    L, H, T, _ = weights.shape
+    i = np.arange(T)
+    back = np.clip(i[:, None] - i[None, :], 0, None)  # (T, T) how far back key j is from query i
+    out = []
+    for layer in range(L):
+        for head in range(H):
+            w = weights[layer, head, 1:].astype(np.float64)  # (T-1, T)
+            if len(w) == 0:
+                ent = dist = 0.0
+                common, share = 0, 1.0
+            else:
+                ent = float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
+                dist = float(np.mean(np.sum(w * back[1:], axis=1)))
+                offsets = i[1:] - w.argmax(axis=1)
+                counts = np.bincount(offsets)
+                common = int(counts.argmax())
+                share = float(counts[common] / len(offsets))
+            out.append(HeadStats(layer, head, ent, dist, common, share))
+    return out
+
+
+def _check_choice(opts: AttnOptions, n_layers: int, n_heads: int) -> tuple[int, int | None]:
+    layer = n_layers - 1 if opts.layer is None else opts.layer
+    if not 0 <= layer < n_layers:
+        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{n_layers - 1}")
+    if opts.head is not None and not 0 <= opts.head < n_heads:
+        raise ConfigError(f"head {opts.head} is out of range: each layer has heads 0..{n_heads - 1}")
+    if opts.head is not None and opts.mean:
+        raise ConfigError("choose one head or the mean over heads, not both")
+    if opts.scale not in ("row", "abs"):
+        raise ConfigError(f"unknown scale '{opts.scale}': choose row or abs")
+    if opts.top < 1:
+        raise ConfigError(f"top must be at least 1, got {opts.top}")
+    return layer, opts.head
+
+
+def _title(layer: int, head: int | None, n_heads: int) -> str:
+    return f"layer {layer}, head {head}" if head is not None else f"layer {layer}, mean of {n_heads} heads"
+
+
+def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions,
+              ascii: bool, title: str) -> list[Text]:
+    """The heat map of one (T, T) weight matrix, fitted to `width` cells."""
+    labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
+    digits = len(str(len(ids) - 1))
+    label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
+    row_w = digits + 1 + label_w + 1  # "<pos> <token> "
+    note_w = 5  # " 0.93": the row's largest weight
+    available = width - row_w - note_w
+    if available < 2:
+        raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
+    start, stop = window(offset, len(ids), available, opts.tokens, opts.end)
+    n = stop - start
+    cell = 2 if n * 2 <= available else 1  # two cells per column look square; one when space is short
+    a, b = start - offset, stop - offset
+    values = w[a:b, a:b]
+    drawn = np.tril(np.ones((n, n), dtype=bool))  # query i sees keys 0..i: the rest is never drawn
+    # each row's scale is its largest weight over every key it saw, also those left of the window, so a
+    # row that mostly looks off-screen stays faint
+    row_max = w[a:b, :b].max(axis=1)
+    vmax = row_max if opts.scale == "row" else 1.0
+    row_labels = [pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
+                  for p in range(start, stop)]
+    notes = [f" {m:.2f}" for m in row_max]
+    lines = [Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim")]
+    lines += heatmap_lines(values, row_labels, [clip_label(labels[p - offset], 4, ascii) for p in range(start, stop)],
+                           vmax=vmax, drawn=drawn, ascii=ascii, cell=cell, row_notes=notes)
+    what = ("each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1")
+    lines.append(legend(ascii, "1" if opts.scale == "abs" else "row max", what))
+    lines.append(Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"))
+    if start > 0 or stop < len(ids):
+        lines.append(Text(f"showing tokens {start}..{stop - 1}; move with end N, size with tokens N", style="dim"))
+    return lines
+
+
+def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, width: int, opts: AttnOptions,
+                   ascii: bool) -> list[Text]:
+    """Every head as a small map of the last tokens, one row of maps per layer (wrapped to the width)."""
+    L, H = weights.shape[:2]
+    gap = 2
+    # as many tokens as let a layer's heads sit side by side (within 12..24), or --tokens
+    size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
+    if size < 2:
+        raise ConfigError(f"width {width} is too narrow for the overview")
+    start, stop = window(offset, len(ids), size, size, opts.end)
+    n = stop - start
+    tile = max(n, 6)  # room for a title like "L0H1"
+    per_line = max(1, (width + gap) // (tile + gap))
+    stats = {(s.layer, s.head): s for s in head_stats(weights)}
+    chars = ramp(ascii)
+    a, b = start - offset, stop - offset
+    drawn = np.tril(np.ones((n, n), dtype=bool))
+    out = [Text(f"attention overview: {L} layers × {H} heads, tokens {start}..{stop - 1}", style="bold")]
+    for layer in range(L):
+        for first in range(0, H, per_line):
+            heads = range(first, min(H, first + per_line))
+            block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
+            for k, head in enumerate(heads):
+                s = stats[(layer, head)]
+                if k:
+                    for line in block:
+                        line.append(" " * gap)
+                block[0].append(pad(clip_label(f"L{layer}H{head}", tile, ascii), tile), "bold")
+                block[1].append(pad(clip_label(f"d {s.distance:.1f}", tile, ascii), tile), "dim")
+                values = weights[layer, head, a:b, a:b]
+                row_max = np.where(drawn, values, 0).max(axis=1)
+                for r in range(n):
+                    line = block[r + 2]
+                    for c in range(n):
+                        level = shade_index(float(values[r, c]), float(row_max[r]), len(chars)) if drawn[r, c] else 0
+                        line.append(chars[level], level_style(level, len(chars)))
+                    line.append(" " * (tile - n))
+            out += block
+    text = "".join(token_label(tokenizer, t, ascii) for t in ids[start:stop])
+    out.append(Text("text: ", style="dim") + Text(clip_label(text, max(1, width - 6), ascii)))
+    out.append(Text("d: mean distance looked back (tokens) · a bright diagonal is a local head, "
+                    "spread-out columns a global one", style="dim"))
+    out += [_extremes(list(stats.values()))]
+    return out
+
+
+def _extremes(stats: list[HeadStats]) -> Text:
+    local = min(stats, key=lambda s: s.distance)
+    far = max(stats, key=lambda s: s.distance)
+    return Text(f"most local: L{local.layer}H{local.head} (looks {local.distance:.1f} tokens back) · "
+                f"most global: L{far.layer}H{far.head} (looks {far.distance:.1f} tokens back)", style="bold")
+
+
+def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table, Text]:
+    stats = head_stats(weights)
+    local = min(stats, key=lambda s: s.distance)
+    far = max(stats, key=lambda s: s.distance)
+    table = Table(title=f"attention heads over {n_tokens} tokens", title_justify="left",
+                  box=box.ASCII if ascii else box.SIMPLE_HEAD)
+    table.add_column("head")
+    table.add_column("entropy (bits)", justify="right")
+    table.add_column("mean distance", justify="right")
+    table.add_column("strongest key", justify="right")
+    table.add_column("")
+    for s in stats:
+        where = {0: "itself", 1: "previous"}.get(s.offset, f"{s.offset} back")
+        tag = "most local" if s is local else "most global" if s is far else ""
+        table.add_row(f"L{s.layer}H{s.head}", f"{s.entropy:.2f}", f"{s.distance:.1f}",
+                      f"{where} {s.offset_share:.0%}", tag, style="bold" if tag else None)
+    return table, _extremes(stats)
+
+
+def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
+    if focus == "":
+        return len(ids) - 1
+    try:
+        pos = int(focus)
+    except ValueError:
+        for p in range(len(ids) - 1, offset - 1, -1):  # the last token with that text
+            text = tokenizer.token_bytes(ids[p]).decode("utf-8", errors="replace")
+            if focus in (text, token_label(tokenizer, ids[p]), token_label(tokenizer, ids[p], ascii=True)):
+                return p
+        raise ConfigError(f"no token '{focus}' in the text: give a position (0..{len(ids) - 1}) or a token's text")
+    pos = pos if pos >= 0 else len(ids) + pos
+    if not offset <= pos < len(ids):
+        raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
+    return pos
+
+
+def focus_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions,
+                ascii: bool, title: str) -> list[Text]:
+    """For one query token: the text before it shaded by attention, then its top keys as bars."""
+    q = _resolve_focus(tokenizer, ids, offset, opts.focus)
+    row = w[q - offset, : q - offset + 1]  # the keys it could see
+    label = token_label(tokenizer, ids[q], ascii)
+    out = [Text(f"what did token {q} '", style="bold") + Text(label) + Text(f"' look at? ({title})", style="bold")]
+    # the text leading up to it, each token shaded underneath by the weight it got
+    chars = ramp(ascii)
+    top_w = float(row.max())
+    first, used = q + 1, 0
+    while first > offset:  # as many tokens before it as fit the width
+        lab = clip_label(token_label(tokenizer, ids[first - 1], ascii), MAX_LABEL, ascii)
+        if used + cell_len(lab) > width:
+            break
+        first, used = first - 1, used + cell_len(lab)
+    text_line, shade_line = Text(no_wrap=True, overflow="crop"), Text(no_wrap=True, overflow="crop")
+    for p in range(first, q + 1):
+        lab = clip_label(token_label(tokenizer, ids[p], ascii), MAX_LABEL, ascii)
+        level = shade_index(float(row[p - offset]), top_w, len(chars))
+        text_line.append(lab, "reverse" if p == q else "")
+        shade_line.append(chars[level] * cell_len(lab), level_style(level, len(chars)))
+    out += [text_line, shade_line]
+    # the top keys as a bar list
+    order = np.argsort(-row, kind="stable")[: opts.top]
+    digits = len(str(len(ids) - 1))
+    label_w = min(MAX_LABEL, max(cell_len(token_label(tokenizer, ids[offset + k], ascii)) for k in order))
+    bar_w = max(1, width - (digits + 1 + label_w + 1) - 16)
+    for k in order:
+        p = offset + int(k)
+        weight = float(row[k])
+        back = q - p
+        where = "itself" if back == 0 else f"{back} back"
+        line = Text(pad(str(p), digits, right=True) + " ", style="dim", no_wrap=True, overflow="crop")
+        line.append(pad(clip_label(token_label(tokenizer, ids[p], ascii), label_w, ascii), label_w) + " ", "bold")
+        line.append(pad(_bar(weight / top_w if top_w > 0 else 0.0, bar_w, ascii), bar_w), "cyan")
+        line.append(f" {weight:.3f} " + pad(where, 9), "dim")
+        out.append(line)
+    return out
+
+
+def _bar(fraction: float, width: int, ascii: bool) -> str:
+    if ascii:
+        return "#" * max(1, round(fraction * width))
+    eighths = max(1, round(fraction * width * 8))
+    return "█" * (eighths // 8) + (BAR_EIGHTHS[eighths % 8] if eighths % 8 else "")
+
+
+def render_attention(console: Console, model, tokenizer, ids: list[int], opts: AttnOptions) -> None:
+    """Draw the views chosen in opts for the text `ids`."""
+    if not getattr(model, "has_attention", False):
+        raise ConfigError("this LSTM/GRU has no attention; try /gates")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    layer, head = _check_choice(opts, n_layers, n_heads)
+    offset, weights = capture(model, ids)
+    ascii = use_ascii(console, opts.ascii)
+    width = console.width
+    w = weights[layer, head] if head is not None else weights[layer].mean(axis=0)
+    title = _title(layer, head, n_heads)
+    blocks: list[list[Text] | Table] = []
+    if opts.show_map:
+        blocks.append(map_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
+    if opts.overview:
+        blocks.append(overview_lines(tokenizer, ids, offset, weights, width, opts, ascii))
+    if opts.stats:
+        table, summary = stats_table(weights, ascii, len(ids) - offset)
+        blocks.append([table, summary])
+    if opts.focus is not None:
+        blocks.append(focus_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
+    if offset:
+        console.print(Text(f"(the model sees the last {len(ids) - offset} of {len(ids)} tokens)", style="dim"))
+    for k, block in enumerate(blocks):
+        if k:
+            console.print()
+        for item in block:
+            console.print(asciify(item) if ascii and isinstance(item, Text) else item)
+
+
+def show_attention(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:
+    """The chat REPL's /attn [args] on its running text (args: the words after /attn)."""
+    if not getattr(model, "has_attention", False):
+        raise ConfigError("this LSTM/GRU has no attention; try /gates")
+    if args and args[0].lower() in ("help", "?"):
+        console.print(Text(HELP))
+        return
+    render_attention(console, model, tokenizer, ids, parse_args(args))

@@ -1,0 +1,374 @@
+"""The attention viewer: shades, the diagonal, labels, fitting the width, head stats, focus, the CLI."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from rich.cells import cell_len
+from rich.console import Console
+
+from charlm.cli import main
+from charlm.config import ConfigError, ModelConfig
+from charlm.models import build_model
+from charlm.tokenizer import BPETokenizer, CharTokenizer
+from charlm.views.attention import AttnOptions, head_stats, map_lines, parse_args, show_attention
+from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index, token_label
+
+TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
+ROW = re.compile(r"^\s*(\d+) ")
+NOTE = 5  # " 0.93" at the right of each map row
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, and far faster on a busy machine
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return CharTokenizer.train([TEXT + "[]\x1b\tcm0123456789"])
+
+
+@pytest.fixture(scope="module")
+def peaky(tok):
+    """A 2-layer, 3-head model with large random q/k weights, so each row has a clear favourite."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=2, d_model=24,
+                                    n_heads=3, context=64))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.normal_(0, 0.6)
+    return model.eval()
+
+
+def weights_of(model, ids):
+    """Reference weights straight from the model's forward: (L, nh, T, T) for the last `context` ids."""
+    offset = max(0, len(ids) - model.cfg.context)
+    attn = []
+    with torch.no_grad():
+        model(torch.tensor([ids[offset:]]), attn=attn)
+    return offset, torch.stack([a[0] for a in attn]).numpy()
+
+
+def render(model, tok, ids, args, width=100, encoding=None):
+    file = io.StringIO()
+    console = Console(width=width, record=True, file=file, color_system=None)
+    show_attention(console, model, tok, ids, args)
+    return console.export_text(), file.getvalue()
+
+
+def grid(lines, n, cell):
+    """{position: [one char per column]} of the map rows in `lines` (Text or str)."""
+    rows = {}
+    for line in lines:
+        plain = getattr(line, "plain", line)
+        m = ROW.match(plain)
+        if m:
+            cells = plain[len(plain) - NOTE - n * cell: len(plain) - NOTE]
+            chars = cells[::cell]
+            assert all(cells[k * cell:(k + 1) * cell] == chars[k] * cell for k in range(n)), plain
+            rows[int(m.group(1))] = (chars, float(plain[-4:]))
+    return rows
+
+
+def test_shade_index_buckets():
+    levels = 6
+    rng = np.random.default_rng(0)
+    for vmax in (1.0, 0.37, 5.0):
+        for w in rng.uniform(0, vmax, 500):
+            k = shade_index(float(w), vmax, levels)
+            assert 1 <= k <= levels - 1
+            lo, hi = (k - 1) / (levels - 1) * vmax, k / (levels - 1) * vmax
+            assert lo <= w + 1e-12 and (w < hi or k == levels - 1)
+    assert shade_index(0.0, 1.0, levels) == 0
+    assert shade_index(-0.1, 1.0, levels) == 0
+    assert shade_index(float("nan"), 1.0, levels) == 0
+    assert shade_index(0.5, 0.0, levels) == 0
+    assert shade_index(1e-9, 1.0, levels) == 1  # any weight at all is visible
+    assert shade_index(0.37, 0.37, levels) == levels - 1  # the row's largest weight is the darkest
+
+
+def test_capture_rows_sum_to_one_and_outputs_unchanged(peaky, tok):
+    ids = tok.encode(TEXT[:40])
+    idx = torch.tensor([ids])
+    attn = []
+    with torch.no_grad():
+        fast, _ = peaky(idx)
+        explicit, _ = peaky(idx, attn=attn)
+    torch.testing.assert_close(explicit, fast, atol=1e-5, rtol=1e-5)
+    for w in attn:  # (1, nh, T, T)
+        T = w.size(-1)
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+        assert (w[..., ~torch.ones(T, T, dtype=torch.bool).tril()] == 0).all()
+
+
+@pytest.mark.parametrize("ascii", [False, True])
+@pytest.mark.parametrize("width,tokens,end", [(140, None, None), (60, None, None), (100, 12, 50)])
+def test_map_cells_are_the_right_shades(peaky, tok, ascii, width, tokens, end):
+    ids = tok.encode(TEXT)
+    offset, weights = weights_of(peaky, ids)
+    layer, head = 1, 2
+    opts = AttnOptions(layer=layer, head=head, tokens=tokens, end=end, ascii=ascii)
+    lines = map_lines(tok, ids, offset, weights[layer, head], width, opts, ascii, "t")
+    n = len([x for x in lines if ROW.match(x.plain)])
+    prefix = len(str(len(ids) - 1)) + 3  # "<pos> <one-char label> "
+    cell = 2 if 2 * n <= width - prefix - NOTE else 1  # two cells per column when the window fits so
+    rows = grid(lines, n, cell)
+    assert len(rows) == n and all(cell_len(x.plain) <= width for x in lines if x.no_wrap)  # grid lines never wrap
+    ramp = ASCII_RAMP if ascii else UNICODE_RAMP
+    stop = end if end is not None else len(ids)
+    positions = sorted(rows)
+    assert positions[-1] == stop - 1  # the window ends where asked (the end of the text by default)
+    if tokens:
+        assert len(positions) == tokens
+    start = positions[0]
+    for p, (chars, note) in rows.items():
+        q = p - offset
+        w_row = weights[layer, head, q]
+        vmax = w_row[: q + 1].max()  # the scale: the row's largest weight over every key it saw
+        assert note == pytest.approx(vmax, abs=0.006)
+        levels = [ramp.index(ch) for ch in chars]
+        for c, level in enumerate(levels):
+            key = start + c
+            if key > p:
+                assert chars[c] == " ", f"drawn above the diagonal at row {p}, key {key}"
+                continue
+            w = w_row[key - offset] / vmax
+            lo, hi = (level - 1) / (len(ramp) - 1), level / (len(ramp) - 1)
+            assert level >= 1 and lo - 1e-6 <= w and (w < hi + 1e-6 or level == len(ramp) - 1)
+        shown = w_row[start - offset: p - offset + 1]
+        assert levels[int(shown.argmax())] == max(levels)  # the brightest cell is the row's argmax
+
+
+def test_labels_escaped_and_whitespace_visible(peaky, tok):
+    ids = tok.encode("[bold]a b\tc\n\x1b[31m")
+    text, raw = render(peaky, tok, ids, ["0", "0"], width=120)
+    assert "\x1b" not in raw  # the ESC from the text never reaches the terminal
+    assert "\\x1b" in text  # ...it is shown escaped
+    header = next(line for line in text.splitlines() if "[" in line and not ROW.match(line))
+    assert "[bold]a␣b⇥c⏎" in "".join(header.split())  # markup-looking text shown literally
+
+
+def test_bpe_labels_are_clean_bytes():
+    bpe = BPETokenizer.train([TEXT * 20], vocab_size=300)
+    ids = bpe.encode(" the sun\n")
+    labels = [token_label(bpe, i) for i in ids]
+    joined = "".join(labels)
+    assert joined == "␣the␣sun⏎"
+    assert "Ġ" not in joined and "Ċ" not in joined  # GPT-2's byte markers
+    ascii_labels = "".join(token_label(bpe, i, ascii=True) for i in ids)
+    assert ascii_labels == "_the_sun\\n"
+    by_bytes = {bpe.token_bytes(i): i for i in range(bpe.vocab_size)}
+    assert token_label(bpe, by_bytes["é".encode()[:1]]) == "\ufffd"  # half a character: replaced, not a crash
+    assert token_label(bpe, by_bytes[b"\x07"]) == "\\x07"  # a control byte: escaped
+
+
+@pytest.mark.parametrize("width", [40, 72, 130])
+def test_every_view_fits_the_width(peaky, tok, width):
+    ids = tok.encode(TEXT)
+    for args in ([], ["overview"], ["stats"], ["focus", "-1"], ["0", "1", "ascii"], ["1", "mean", "abs"]):
+        text, _ = render(peaky, tok, ids, args, width=width)
+        too_long = [line for line in text.splitlines() if cell_len(line) > width]
+        assert not too_long, (args, too_long)
+    text, _ = render(peaky, tok, ids, [], width=width)
+    rows = [int(ROW.match(line).group(1)) for line in text.splitlines() if ROW.match(line)]
+    assert rows == list(range(rows[0], len(ids)))  # the last tokens that fit, one unwrapped line each
+    assert len(rows) == min(64, width - 5 - NOTE)  # as many as fit beside "<pos> <label> " and the note
+
+
+def test_long_text_uses_the_last_context_tokens(peaky, tok):
+    ids = tok.encode(TEXT * 2)  # longer than the context of 64
+    text, _ = render(peaky, tok, ids, ["tokens", "10"], width=80)
+    assert f"the model sees the last 64 of {len(ids)} tokens" in text
+    rows = [int(ROW.match(line).group(1)) for line in text.splitlines() if ROW.match(line)]
+    assert rows == list(range(len(ids) - 10, len(ids)))
+    with pytest.raises(ConfigError, match="outside the text the model sees"):
+        render(peaky, tok, ids, ["focus", "3"])
+
+
+def test_head_stats_match_hand_computation():
+    T = 6
+    self_head = np.eye(T)
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    first = np.zeros((T, T))
+    first[:, 0] = 1
+    stats = head_stats(np.stack([np.stack([self_head, uniform, first])]))  # (1 layer, 3 heads, T, T)
+    s_self, s_uni, s_first = stats
+    assert s_self.entropy == 0 and s_self.distance == 0 and s_self.offset == 0 and s_self.offset_share == 1
+    queries = range(1, T)
+    assert s_uni.entropy == pytest.approx(np.mean([math.log2(i + 1) for i in queries]))
+    assert s_uni.distance == pytest.approx(np.mean([sum(i - j for j in range(i + 1)) / (i + 1) for i in queries]))
+    assert s_first.distance == pytest.approx(np.mean(list(queries)))
+    assert s_first.entropy == 0
+
+
+def test_stats_name_the_most_local_and_global_heads(peaky, tok):
+    ids = tok.encode(TEXT)
+    offset, weights = weights_of(peaky, ids)
+    dist = {}
+    for layer in range(weights.shape[0]):
+        for head in range(weights.shape[1]):
+            w = weights[layer, head]
+            dist[(layer, head)] = np.mean([sum(w[i, j] * (i - j) for j in range(i + 1)) for i in range(1, len(w))])
+    local, far = min(dist, key=dist.get), max(dist, key=dist.get)
+    for args in (["stats"], ["overview"]):
+        text, _ = render(peaky, tok, ids, args, width=130)
+        assert f"most local: L{local[0]}H{local[1]} (looks {dist[local]:.1f} tokens back)" in text
+        assert f"most global: L{far[0]}H{far[1]} (looks {dist[far]:.1f} tokens back)" in text
+
+
+def test_focus_lists_the_top_keys(peaky, tok):
+    ids = tok.encode(TEXT)
+    offset, weights = weights_of(peaky, ids)
+    q = 40
+    text, _ = render(peaky, tok, ids, ["0", "1", "focus", str(q), "top", "4"], width=100)
+    row = weights[0, 1, q - offset, : q - offset + 1]  # the model saw the text from `offset` on
+    want = np.argsort(-row, kind="stable")[:4]
+    bars = [line for line in text.splitlines() if ROW.match(line)]
+    assert [int(ROW.match(b).group(1)) for b in bars] == [offset + int(k) for k in want]
+    for b, k in zip(bars, want):
+        assert f"{row[k]:.3f}" in b
+    assert f"what did token {q} '{token_label(tok, ids[q])}' look at? (layer 0, head 1)" in text
+    # by the token's text: the last one with that text
+    text, _ = render(peaky, tok, ids, ["focus", "J"], width=100)
+    assert f"what did token {TEXT.rindex('J')} 'J' look at?" in text
+
+
+def test_parse_args():
+    assert parse_args([]) == AttnOptions()
+    o = parse_args(["2", "1"])
+    assert (o.layer, o.head, o.show_map) == (2, 1, True)
+    o = parse_args(["overview"])
+    assert o.overview and not o.show_map
+    o = parse_args(["1", "focus", "e", "tokens", "9", "end", "20", "ascii", "abs"])
+    assert (o.layer, o.focus, o.tokens, o.end, o.ascii, o.scale) == (1, "e", 9, 20, True, "abs")
+    assert parse_args(["focus"]).focus == ""
+    assert not parse_args(["0", "1", "focus", "3"]).show_map  # the head chosen is the focus view's
+
+
+@pytest.mark.parametrize("args,message", [
+    (["7"], "layer 7 is out of range: this model has layers 0..1"),
+    (["0", "3"], "head 3 is out of range: each layer has heads 0..2"),
+    (["0", "1", "mean"], "choose one head or the mean over heads, not both"),
+    (["sideways"], "unknown /attn argument 'sideways'"),
+    (["tokens"], "'tokens' needs a number after it"),
+    (["tokens", "x"], "tokens must be a whole number"),
+    (["tokens", "0"], "tokens must be at least 1"),
+    (["end", "999"], "end 999 is outside"),
+    (["focus", "Z"], "no token 'Z' in the text"),
+    (["1", "2", "3"], "at most a layer and a head"),
+])
+def test_bad_arguments_are_one_line_config_errors(peaky, tok, args, message):
+    with pytest.raises(ConfigError) as e:
+        render(peaky, tok, tok.encode(TEXT[:30]), args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_too_narrow_is_a_config_error(peaky, tok):
+    with pytest.raises(ConfigError, match="too narrow"):
+        render(peaky, tok, tok.encode(TEXT), [], width=10)
+
+
+def test_no_attention_on_an_rnn_and_no_text(peaky, tok):
+    lstm = build_model(ModelConfig(kind="lstm", vocab_size=tok.vocab_size, n_layers=1, d_model=16)).eval()
+    with pytest.raises(ConfigError, match=r"^this LSTM/GRU has no attention; try /gates$"):
+        render(lstm, tok, tok.encode("abc"), ["overview"])
+    with pytest.raises(ConfigError, match="no text to look at yet"):
+        render(peaky, tok, [], [])
+
+
+# ---- the CLI, on checkpoints trained for a few steps ---------------------------------------------
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_attn_char_and_bpe(view_runs):
+    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--width", "60")
+    assert r.exit_code == 0, r.output
+    assert "layer 1, mean of 2 heads" in r.stdout and "R" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if ROW.match(line)]
+    assert len(rows) == len("ROMEO:\nBut soft")
+    r = run("attn", view_runs["tf"], "-p", "O Romeo, Romeo!", "--overview", "--stats", "--focus", "-1", "--ascii",
+            "--width", "70")
+    assert r.exit_code == 0, r.output
+    assert "L0H0" in r.stdout and "L1H1" in r.stdout and "most global" in r.stdout and "look at?" in r.stdout
+    assert all(ord(ch) < 128 for ch in r.stdout)  # --ascii: nothing a plain terminal can't show
+    assert all(cell_len(line) <= 70 for line in r.stdout.splitlines())
+    r = run("attn", view_runs["bpe"], "--prompt", "JULIET:\nO Romeo, wherefore", "--layer", "0", "--head", "1",
+            "--tokens", "6")
+    assert r.exit_code == 0, r.output
+    assert "layer 0, head 1" in r.stdout and "Ġ" not in r.stdout
+    assert len([line for line in r.stdout.splitlines() if ROW.match(line)]) == 6
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--layer", "2"], "layer 2 is out of range"),
+    (["--head", "5"], "head 5 is out of range"),
+    (["--overview", "--layer", "0"], "--overview shows every head"),
+    (["--head", "0", "--mean"], "choose one head or the mean"),
+    (["--width", "10"], "--width must be at least 20"),
+    (["--focus", "99"], "outside the text"),
+    (["--tokens", "0"], "tokens must be at least 1"),
+])
+def test_cli_attn_errors_are_one_line(view_runs, args, message):
+    r = run("attn", view_runs["tf"], "--prompt", "ROMEO: But soft, what light", *args)
+    assert r.exit_code != 0
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_cli_attn_wrong_model_prompt_and_checkpoint(view_runs, tmp_path):
+    for args, message in (
+        ([view_runs["lstm"], "-p", "ROMEO"], "has no attention; try 'charlm gates'"),
+        ([view_runs["tf"], "-p", ""], "--prompt is empty"),
+        ([view_runs["tf"], "-p", "zebra ☃"], "never saw"),
+        ([tmp_path / "nothing", "-p", "ROMEO"], "no such checkpoint"),
+    ):
+        r = run("attn", *args)
+        assert r.exit_code != 0 and message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run("attn", view_runs["tf"], "-p", "ROMEO ☃", "--unknown", "drop")
+    assert r.exit_code == 0, r.output
+
+
+def test_attn_in_chat_in_a_real_terminal(view_runs, tmp_path):
+    """/attn in `charlm chat` draws the map of the running text; /gates on a transformer points to /attn."""
+    import os
+    import sys
+
+    import pexpect
+
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(view_runs["tf"]), "--max-tokens", "5",
+                                           "--seed", "1"], env=env, dimensions=(40, 100), encoding="utf-8", timeout=60)
+    try:
+        child.expect_exact(">>> ")
+        child.sendline("ROMEO:")
+        child.expect_exact(">>> ")
+        child.sendline("/attn 0 1 tokens 8")
+        child.expect_exact(">>> ")
+        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+        assert "layer 0, head 1" in screen and "tokens 3..10 of 11" in screen  # 6 typed + 5 generated tokens
+        assert len([line for line in screen.splitlines() if ROW.match(line)]) == 8
+        child.sendline("/gates")
+        child.expect_exact(">>> ")
+        assert "/attn" in child.before
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()

@@ -1,0 +1,262 @@
+"""LSTM/GRU gates recomputed from the weights, and the gate viewer."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from click.testing import CliRunner
+from rich.cells import cell_len
+from rich.console import Console
+
+from charlm.cli import main
+from charlm.config import ConfigError, ModelConfig
+from charlm.models import build_model
+from charlm.models.gates import trace_model, trace_rnn
+from charlm.tokenizer import CharTokenizer
+from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
+from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index
+
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
+UNIT_ROW = re.compile(r"^\s*u(\d+) ")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, and far faster on a busy machine
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return CharTokenizer.train([TEXT])
+
+
+def rnn_model(kind, tok, dropout=0.0):
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(kind=kind, vocab_size=tok.vocab_size, n_layers=2, d_model=24, dropout=dropout))
+    with torch.no_grad():  # livelier than the default init: gates that swing between 0 and 1
+        for p in model.rnn.parameters():
+            p.normal_(0, 0.4)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recomputed_states_equal_torch(kind):
+    torch.manual_seed(0)
+    layer = (nn.LSTM if kind == "lstm" else nn.GRU)(8, 16, num_layers=2, batch_first=True, dropout=0.3).eval()
+    x = torch.randn(3, 11, 8)
+    h0 = torch.randn(2, 3, 16)
+    state = (h0, torch.randn(2, 3, 16)) if kind == "lstm" else h0
+    with torch.no_grad():
+        out, final = layer(x, state)
+        traces = trace_rnn(layer, x, state)
+    h_n = final[0] if kind == "lstm" else final
+    torch.testing.assert_close(traces[-1].h, out, atol=1e-5, rtol=0)  # the top layer, every step
+    for i, t in enumerate(traces):  # every layer's last step
+        torch.testing.assert_close(t.h[:, -1], h_n[i], atol=1e-5, rtol=0)
+        if kind == "lstm":
+            torch.testing.assert_close(t.c[:, -1], final[1][i], atol=1e-5, rtol=0)
+    # the first layer on its own, every step: a one-layer torch layer with the same weights
+    single = (nn.LSTM if kind == "lstm" else nn.GRU)(8, 16, num_layers=1, batch_first=True)
+    single.load_state_dict({k: v for k, v in layer.state_dict().items() if k.endswith("_l0")})
+    with torch.no_grad():
+        out0, _ = single(x, (h0[:1], state[1][:1]) if kind == "lstm" else h0[:1])
+    torch.testing.assert_close(traces[0].h, out0, atol=1e-5, rtol=0)
+    names = ("input", "forget", "cell", "output") if kind == "lstm" else ("reset", "update", "new")
+    assert tuple(traces[0].gates) == names
+    for name, g in traces[0].gates.items():
+        assert g.shape == (3, 11, 16)
+        if name not in ("cell", "new"):  # sigmoid gates
+            assert 0 <= g.min() and g.max() <= 1
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_trace_model_matches_the_models_own_forward(kind, tok):
+    model = rnn_model(kind, tok, dropout=0.3)  # dropout between layers and after the embedding: off in eval
+    idx = torch.tensor([tok.encode(TEXT)])
+    with torch.no_grad():
+        logits, _ = model(idx)
+        traces = trace_model(model, idx)
+        torch.testing.assert_close(model.head(traces[-1].h), logits, atol=1e-5, rtol=0)
+    if kind == "lstm":  # the LSTM equations, checked on the recomputed gates: c' = f c + i g, h' = o tanh(c')
+        t = traces[0]
+        g = t.gates
+        c_prev = torch.cat([torch.zeros_like(t.c[:, :1]), t.c[:, :-1]], dim=1)
+        torch.testing.assert_close(t.c, g["forget"] * c_prev + g["input"] * g["cell"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(t.h, g["output"] * torch.tanh(t.c), atol=1e-6, rtol=0)
+
+
+def test_choose_units():
+    T, H = 20, 6
+    rng = np.random.default_rng(0)
+    gates = {name: np.full((T, H), 0.5) for name in ("forget", "input", "output")}
+    gates["forget"][:, 4] = rng.uniform(0, 1, T)  # changes most
+    gates["input"][:, 1] = rng.uniform(0.4, 0.6, T)  # changes a little
+    assert choose_units(gates, "lstm", 2, H) == [4, 1]
+    assert choose_units(gates, "lstm", [5, 0], H) == [5, 0]
+    assert len(choose_units(gates, "lstm", None, H)) == H  # the default 8, or all when there are fewer
+    with pytest.raises(ConfigError, match="unit 6 is out of range: this layer has units 0..5"):
+        choose_units(gates, "lstm", [1, 6], H)
+    with pytest.raises(ConfigError, match="units must be between 1 and 6"):
+        choose_units(gates, "lstm", 7, H)
+
+
+def test_parse():
+    assert parse_units("8") == 8 and parse_units("3,17") == [3, 17] and parse_units("5,") == [5]
+    with pytest.raises(ConfigError, match="units must be a count"):
+        parse_units("three")
+    assert parse_args([]) == GateOptions()
+    o = parse_args(["1", "units", "2,3", "tokens", "12", "ascii"])
+    assert (o.layer, o.units, o.tokens, o.ascii) == (1, [2, 3], 12, True)
+    for args, message in ((["sideways"], "unknown /gates argument"), (["units"], "needs a value"),
+                          (["tokens", "x"], "whole number")):
+        with pytest.raises(ConfigError, match=message):
+            parse_args(args)
+
+
+def render(model, tok, args, width=100, text=TEXT):
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    show_gates(console, model, tok, tok.encode(text), args)
+    return console.export_text()
+
+
+def panels(text):
+    """{title's first word: {unit: row plain text}} of the rendered panels."""
+    out, title = {}, None
+    for line in text.splitlines():
+        m = UNIT_ROW.match(line)
+        if m:
+            out[title][int(m.group(1))] = line
+        elif line.split(" ", 1)[0] in ("forget", "input", "output", "update", "reset", "cell", "hidden"):
+            title = line.split()[0]
+            out.setdefault(title, {})
+    return {k: v for k, v in out.items() if v}
+
+
+@pytest.mark.parametrize("ascii", [False, True])
+def test_gate_cells_are_the_right_shades(tok, ascii):
+    model = rnn_model("lstm", tok)
+    ids = tok.encode(TEXT)
+    with torch.no_grad():
+        t = trace_model(model, torch.tensor([ids]))[0]
+    text = render(model, tok, ["0", "units", "3,7,20"] + (["ascii"] if ascii else []), width=200)
+    ramp = ASCII_RAMP if ascii else UNICODE_RAMP
+    shown = panels(text)
+    assert set(shown) >= {"forget", "input", "output", "cell"}
+    n = len(ids)
+    for name in ("forget", "input", "output"):
+        assert list(shown[name]) == [3, 7, 20]
+        for unit, line in shown[name].items():
+            cells = line[len(line) - 5 - 2 * n: len(line) - 5][::2]  # 2 cells per token: the text fits
+            want = [ramp[shade_index(float(v), 1.0, len(ramp))] for v in t.gates[name][0, :, unit]]
+            assert list(cells) == want, (name, unit)
+            assert float(line[-4:]) == pytest.approx(float(t.gates[name][0, :, unit].mean()), abs=0.006)
+    for unit, line in shown["cell"].items():  # each unit scaled to its own largest |c|
+        c = t.c[0, :, unit].abs()
+        assert float(line[-4:]) == pytest.approx(float(c.max()), abs=0.006)
+        cells = line[len(line) - 5 - 2 * n: len(line) - 5][::2]
+        assert cells[int(c.argmax())] == ramp[-1]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("width", [40, 80, 150])
+def test_fits_the_width_and_shows_the_changing_units(tok, kind, width):
+    model = rnn_model(kind, tok)
+    text = render(model, tok, ["units", "5"], width=width)
+    assert all(cell_len(line) <= width for line in text.splitlines())
+    shown = panels(text)
+    first = "forget" if kind == "lstm" else "update"
+    assert len(shown[first]) == 5
+    state = "cell" if kind == "lstm" else "hidden"
+    assert list(shown[state]) == list(shown[first])  # the same units in every panel
+    magnitude = [line for line in text.splitlines() if line.strip().startswith(("|c|", "|h|"))]
+    assert magnitude, "the state magnitude strip is missing"
+    ids = tok.encode(TEXT)
+    prose = " ".join(text.split())  # the title may wrap on a narrow terminal
+    assert f"tokens {len(ids) - min(len(ids), width - 4 - 5)}..{len(ids) - 1} of {len(ids)}" in prose
+
+
+def test_window_and_errors(tok):
+    lstm = rnn_model("lstm", tok)
+    text = render(lstm, tok, ["tokens", "6", "end", "20"])
+    assert "tokens 14..19 of" in text
+    for args, message in ((["2"], "layer 2 is out of range: this model has layers 0..1"),
+                          (["units", "0"], "units must be between 1 and 24"),
+                          (["units", "3,99"], "unit 99 is out of range"),
+                          (["end", "500"], "outside")):
+        with pytest.raises(ConfigError, match=message):
+            render(lstm, tok, args)
+    tf = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=1, d_model=16, n_heads=2))
+    with pytest.raises(ConfigError, match=r"^a transformer has no gates; try /attn$"):
+        render(tf.eval(), tok, ["units", "3"])
+    with pytest.raises(ConfigError, match="no text to look at yet"):
+        render(lstm, tok, [], text="")
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_gates(view_runs):
+    r = run("gates", view_runs["lstm"], "--prompt", "ROMEO:\nBut soft", "--layer", "0", "--units", "4", "--width", "70")
+    assert r.exit_code == 0, r.output
+    assert "LSTM layer 0: 4 of 32 units" in r.stdout and "forget gate" in r.stdout and "cell state" in r.stdout
+    assert all(cell_len(line) <= 70 for line in r.stdout.splitlines())
+    r = run("gates", view_runs["gru"], "-p", "JULIET:\nO Romeo", "--units", "1,2", "--ascii")
+    assert r.exit_code == 0, r.output
+    assert "update gate" in r.stdout and "reset gate" in r.stdout and "hidden state" in r.stdout
+    assert all(ord(ch) < 128 for ch in r.stdout)
+
+
+@pytest.mark.parametrize("run_name,args,message", [
+    ("tf", [], "is a transformer: it has no gates; try 'charlm attn'"),
+    ("lstm", ["--layer", "5"], "layer 5 is out of range"),
+    ("lstm", ["--units", "x"], "units must be a count"),
+    ("lstm", ["--units", "40,"], "unit 40 is out of range"),
+    ("lstm", ["--width", "5"], "--width must be at least 20"),
+    ("gru", ["--prompt", ""], "--prompt is empty"),
+])
+def test_cli_gates_errors_are_one_line(view_runs, run_name, args, message):
+    r = run("gates", view_runs[run_name], "--prompt", "ROMEO", *args)
+    assert r.exit_code != 0
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_gates_in_chat_in_a_real_terminal(view_runs, tmp_path):
+    """/gates in `charlm chat` draws the gates of the running text; /attn on an LSTM points to /gates."""
+    import os
+    import sys
+
+    import pexpect
+
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(view_runs["lstm"]), "--max-tokens", "5",
+                                           "--seed", "1"], env=env, dimensions=(40, 100), encoding="utf-8", timeout=60)
+    try:
+        child.expect_exact(">>> ")
+        child.sendline("ROMEO:")
+        child.expect_exact(">>> ")
+        child.sendline("/gates 0 units 3")
+        child.expect_exact(">>> ")
+        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+        assert "LSTM layer 0: 3 of 32 units" in screen and "forget gate" in screen and "cell state" in screen
+        assert len([line for line in screen.splitlines() if UNIT_ROW.match(line)]) == 4 * 3  # f, i, o, c
+        child.sendline("/attn")
+        child.expect_exact(">>> ")
+        assert "/gates" in child.before
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
