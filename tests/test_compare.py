@@ -1,0 +1,214 @@
+"""`charlm compare`: the same prompt, seed and settings through several checkpoints, side by side,
+then a table; --interactive through a real pty."""
+
+import io
+import json
+import os
+import re
+import sys
+
+import pexpect
+import pytest
+import torch
+from click.testing import CliRunner
+from rich.console import Console
+
+from charlm import checkpoint
+from charlm.cli import main
+from charlm.generate import Generator, SampleConfig
+from charlm.views.compare import Comparison
+from charlm.views.text import safe_text
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # these models are tiny: on the shared 2-core machine a second intra-op thread only adds contention
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def blocks(stdout: str) -> dict[str, str]:
+    """Plain output: '== run (kind · tokenizer · params) ==' then the text, per model."""
+    found = re.findall(r"^== (\S+) \((.*?)\) ==\n(.*?)\n\n", stdout, flags=re.M | re.S)
+    return {name: body for name, _, body in found}
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in stdout.splitlines():
+        cells = line.split()
+        if cells and cells[0].startswith("cmp-") and len(cells) > 4:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_plain_output_blocks_equal_each_model_generating_alone(cmp_runs):
+    """Interleaving the models round-robin must not change what any of them writes: each block equals
+    that checkpoint generating alone with the same seed and settings."""
+    r = run("compare", cmp_runs["lstm"], cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "15",
+            "--seed", "7", "--temperature", "0.9", "--top-k", "10")
+    assert r.exit_code == 0, r.output
+    got = blocks(r.stdout)
+    assert list(got) == ["cmp-lstm", "cmp-tf", "cmp-bpe"]
+    for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf"), ("cmp-bpe", "bpe")):
+        ck = checkpoint.load(cmp_runs[key])
+        alone = Generator(ck.model, ck.tokenizer).complete(
+            ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=15, seed=7))
+        assert got[name] == safe_text("the cat" + alone)
+    assert "== cmp-lstm (lstm · char" in r.stdout and "== cmp-bpe (transformer · bpe · 2" in r.stdout
+
+
+def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corpus):
+    r = run("compare", cmp_runs["lstm"], cmp_runs["tf"], "--prompt", "the", "-n", "5", "--seed", "1",
+            "--eval", cmp_corpus)
+    assert r.exit_code == 0, r.output
+    rows = table_rows(r.stdout)
+    assert set(rows) == {"cmp-lstm", "cmp-tf"}
+    # columns: params, steps, trained, val bpc, eval bpc, tok/s, TTFT
+    for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf")):
+        ck = checkpoint.load(cmp_runs[key])
+        params, steps, _, val, ev, tps, ttft = rows[name]
+        assert params == f"{ck.data['params'] / 1e3:.3g}k" and steps == "30"
+        assert float(val.rstrip("*")) == pytest.approx(ck.data["best_val_bpc"], abs=6e-4)
+        alone = json.loads(run("eval", cmp_runs[key], cmp_corpus, "--json").stdout)
+        assert float(ev.rstrip("*")) == pytest.approx(alone["bits_per_char"], abs=6e-4)
+        assert float(tps.rstrip("*").replace(",", "")) > 0 and float(ttft.rstrip("*")) > 0
+    for col in (3, 4, 6):  # val bpc, eval bpc, TTFT: lowest is best, marked with * in plain output
+        values = {n: float(cells[col].rstrip("*")) for n, cells in rows.items()}
+        starred = [n for n, cells in rows.items() if cells[col].endswith("*")]
+        assert starred == [min(values, key=values.get)]
+    values = {n: float(cells[5].rstrip("*").replace(",", "")) for n, cells in rows.items()}
+    assert [n for n, c in rows.items() if c[5].endswith("*")] == [max(values, key=values.get)]
+    assert "eval bpc: bits/char on rhymes.txt" in r.stdout and "seed 1" in r.stdout
+
+
+def test_a_prompt_one_char_model_cannot_encode_is_noted_for_that_model_only(cmp_runs, tmp_path):
+    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    got = blocks(r.stdout)
+    assert "never saw: 'é'" in got["cmp-lstm"] and "\n" not in got["cmp-lstm"]
+    assert got["cmp-bpe"].startswith("the café")
+    assert table_rows(r.stdout)["cmp-lstm"][-2:] == ["—", "—"]  # no tokens/s, no TTFT
+    dropped = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--unknown", "drop")
+    assert blocks(dropped.stdout)["cmp-lstm"].startswith("the caf")
+    # an eval file a char model cannot read: a dash and a note for it, a number for the BPE model
+    (tmp_path / "accents.txt").write_text("the café sat on the mat\n", encoding="utf-8")
+    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-n", "3", "--eval", tmp_path / "accents.txt")
+    assert r.exit_code == 0, r.output
+    rows = table_rows(r.stdout)
+    assert rows["cmp-lstm"][4] == "—" and float(rows["cmp-bpe"][4].rstrip("*")) > 0
+    assert "cmp-lstm: " in r.stdout and "never saw: 'é'" in r.stdout
+
+
+def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs):
+    prompt = "[bold red]x[/] \x1b[31m \x07 "
+    r = run("compare", cmp_runs["bpe"], cmp_runs["bpe"], "--prompt", prompt, "-n", "3", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
+    console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
+    ck = checkpoint.load(cmp_runs["bpe"])
+    Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1), console).show(prompt)
+    screen = console.file.getvalue()
+    assert "[bold red]x[/]" in screen and "\\x1b[31m" in screen and "\x07" not in screen
+    assert "\x1b[31m " not in screen  # the prompt's escape never reaches the terminal raw
+
+
+def test_models_grow_together_one_step_each_per_tick(cmp_runs):
+    cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
+    comparison = Comparison(cks, SampleConfig(max_tokens=12, seed=3), Console(file=io.StringIO()))
+    counts = []
+    comparison.run("the", on_tick=lambda: counts.append([p.tokens for p in comparison.players]))
+    assert counts[:12] == [[n, n] for n in range(1, 13)]  # char models: one token per step
+
+
+def test_side_by_side_on_a_wide_terminal_stacked_on_a_narrow_one(cmp_runs):
+    cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
+    for width, side_by_side in ((120, True), (70, False)):
+        console = Console(file=io.StringIO(), force_terminal=True, width=width)
+        Comparison(cks, SampleConfig(max_tokens=8, seed=1), console).show("the")
+        lines = console.file.getvalue().splitlines()
+        both = [ln for ln in lines if "cmp-lstm" in ln and "cmp-tf" in ln]
+        assert bool(both) == side_by_side, width
+        assert any("lstm · char · " in ln for ln in lines) and any("transformer · char · " in ln for ln in lines)
+
+
+def test_user_errors_are_one_line_and_name_the_checkpoint(cmp_runs, tmp_path):
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint at all")
+    cases = [
+        (("compare", cmp_runs["lstm"], tmp_path / "missing"), ["no such checkpoint", "missing"]),
+        (("compare", cmp_runs["lstm"], broken), ["broken.pt", "charlm checkpoint"]),
+        (("compare", cmp_runs["lstm"]), ["at least two"]),
+        (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--top-p", "2"), ["top_p"]),
+        (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--eval", tmp_path / "nope.txt"), ["no such file", "nope.txt"]),
+    ]
+    for args, words in cases:
+        r = run(*args)
+        assert r.exit_code != 0 and "Traceback" not in r.output, args
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), (args, r.stderr)
+        assert all(w in lines[0] for w in words), (args, lines[0])
+
+
+def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
+    r = CliRunner().invoke(main, ["compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "--interactive",
+                                  "-n", "5", "--seed", "2"], input="the cat\n/bogus\n\nthe dog\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count("== cmp-lstm") == 2 and r.stdout.count("== cmp-tf") == 2
+    assert "the cat" in r.stdout and "the dog" in r.stdout
+    assert "unknown command /bogus" in r.stdout
+
+
+def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["bpe"]),
+                                           "-i", "-n", "8", "--seed", "5"],
+                          env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    try:
+        child.expect(">>> ")
+        child.sendline("the cat")
+        child.expect("tok/s")  # the table after the panels
+        screen = child.before
+        child.expect(">>> ")
+        assert "cmp-lstm" in screen and "cmp-bpe" in screen and "lstm · char" in screen
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    # Ctrl-C stops a long generation and returns to the prompt; Ctrl-C at an empty prompt leaves
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
+                                           "-n", "1000000"], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    try:
+        child.expect(">>> ")
+        child.sendline("the")
+        child.expect("cmp-tf")  # the panels are streaming
+        child.sendintr()
+        child.expect("stopped")
+        child.expect(">>> ")
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    # and Ctrl-D leaves too
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i"],
+                          env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    try:
+        child.expect(">>> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
