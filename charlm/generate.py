@@ -12,9 +12,11 @@ from __future__ import annotations
 import codecs
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from charlm.config import ConfigError
@@ -41,16 +43,18 @@ class SampleConfig:
         check(0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
         check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
         check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
+        check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def sample_next_token(
-    logits: torch.Tensor, s: SampleConfig, generator: torch.Generator | None = None, history: torch.Tensor | None = None
-) -> int:
-    """logits (vocab,) -> the next token id. Order: repetition penalty, temperature, top-k, top-p."""
+def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (vocab,) -> the probabilities sample_next_token draws from (float32, summing to 1).
+
+    Order: repetition penalty, temperature, top-k, top-p. Temperature 0 puts all mass on the argmax.
+    """
     logits = logits.float()
     if s.repetition_penalty != 1.0 and history is not None and history.numel():
         seen = logits[history]
@@ -58,19 +62,41 @@ def sample_next_token(
         logits = logits.clone()
         logits[history] = torch.where(seen > 0, seen / s.repetition_penalty, seen * s.repetition_penalty)
     if s.temperature == 0:
-        return int(logits.argmax())
+        return torch.zeros_like(logits).index_fill_(0, logits.argmax().view(1), 1.0)
     logits = logits / s.temperature
     if 0 < s.top_k < logits.numel():
-        kth = torch.topk(logits, s.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # scatter the k best back, rather than mask below the k-th value: ties there would keep more than k
+        values, order = torch.topk(logits, s.top_k)
+        logits = torch.full_like(logits, float("-inf")).scatter_(0, order, values)
     probs = torch.softmax(logits, dim=-1)
     if s.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
-        # drop a token when the tokens ranked above it already reach top_p (the first is always kept)
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= s.top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        # keep a token while the tokens ranked above it have not reached top_p (so the first is always kept)
+        n_keep = int(((sorted_probs.cumsum(-1) - sorted_probs) < s.top_p).sum())
+        kept = sorted_probs[:n_keep]
+        probs = torch.zeros_like(probs).scatter_(0, order[:n_keep], kept / kept.sum())
+    return probs
+
+
+def sample_next_token(
+    logits: torch.Tensor, s: SampleConfig, generator: torch.Generator | None = None, history: torch.Tensor | None = None
+) -> int:
+    """logits (vocab,) -> the next token id, drawn from sampling_probs with one uniform number from
+    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call)."""
+    if s.temperature == 0 and (s.repetition_penalty == 1.0 or history is None):
+        return int(logits.argmax())
+    if s.top_k == 0 and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":
+        # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
+        z = logits.float().numpy().astype(np.float64) / s.temperature
+        probs = np.exp(z - z.max())
+    else:
+        probs = sampling_probs(logits, s, history).cpu().numpy()
+    cdf = np.cumsum(probs, dtype=np.float64)
+    u = torch.rand((), generator=generator, dtype=torch.float64).item()
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))  # a zero-probability token is never chosen
+    if i >= len(cdf):  # u * total rounded up to the total: take the last token that has any mass
+        i = int(np.flatnonzero(probs)[-1])
+    return i
 
 
 class Utf8Stream:
@@ -89,9 +115,10 @@ class Utf8Stream:
 
 @dataclass
 class Stats:
-    tokens: int = 0
-    seconds: float = 0.0
+    tokens: int = 0  # new tokens generated
+    seconds: float = 0.0  # prefill and generation, all of it
     ttft_ms: float = 0.0  # time to first token: prefill of the prompt + one sampling step
+    prompt_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,13 +126,15 @@ class Stats:
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 1),
-                "ttft_ms": round(self.ttft_ms, 2)}
+                "ttft_ms": round(self.ttft_ms, 2), "prompt_tokens": self.prompt_tokens}
 
 
 class Generator:
     """Streams text from a model, keeping the running text and the model's cache between calls.
 
     use_cache=False recomputes the whole window for every token (to show what the cache saves).
+    A Transformer's window slides when the text outgrows its context: the last half is kept and
+    prefilled again, so generation can go on for ever at a steady speed.
     """
 
     def __init__(self, model, tokenizer, use_cache: bool = True):
@@ -113,85 +142,120 @@ class Generator:
         self.context = model.cfg.context
         self.sliding = model.has_attention  # an RNN's state has no length limit
         self.device = next(model.parameters()).device
-        self.ids: list[int] = []  # the running text
-        self.cache = None
-        self.cached = 0  # how many of self.ids the cache holds
+        self.ids: list[int] = []  # the running text (for a Transformer: the window it sees)
+        self.cache = None  # holds the first cache.pos tokens of self.ids
+        self._last = None  # the logits after them
         self.stats = Stats()
 
     def reset(self) -> None:
-        self.ids, self.cache, self.cached = [], None, 0
+        """Forget the running text (the cache object is kept and emptied, not reallocated)."""
+        self.ids = []
+        self._drop_cache()
+
+    def _drop_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.reset()
+        self._last = None
 
     @property
     def text(self) -> str:
         return self.tokenizer.decode(self.ids)
 
     def _window(self) -> None:
-        """Keep the running text inside the Transformer's context: when it is full, keep the last half
-        and start a fresh cache (the kept half is prefilled again on the next step)."""
-        if self.sliding and len(self.ids) >= self.context:
+        """Keep the running text inside the Transformer's context: when it overflows, keep the last
+        half and empty the cache (the kept half is prefilled again by the next step)."""
+        if self.sliding and len(self.ids) > self.context:
             self.ids = self.ids[-(self.context // 2):]
-            self.cache, self.cached = None, 0
+            self._drop_cache()
 
     @torch.inference_mode()
-    def _next_logits(self) -> torch.Tensor:
-        """Logits for the token after self.ids, feeding the model only what it has not seen."""
+    def next_logits(self) -> torch.Tensor:
+        """Logits (vocab,) for the token after the running text, feeding the model only what it has
+        not seen (after sliding the window if the text outgrew the context)."""
+        self._window()
         if not self.use_cache:
-            window = self.ids[-self.context:] if self.sliding else self.ids
-            idx = torch.tensor([window], dtype=torch.long, device=self.device)
-            logits, _ = self.model(idx)
-            return logits[0, -1]
+            idx = torch.tensor([self.ids], dtype=torch.long, device=self.device)
+            return self.model(idx)[0][0, -1]
         if self.cache is None:
-            self.cache, self.cached = self.model.new_cache(1), 0
-        idx = torch.tensor([self.ids[self.cached:]], dtype=torch.long, device=self.device)
-        logits, _ = self.model(idx, cache=self.cache)
-        self.cached = len(self.ids)
-        return logits[0, -1]
+            self.cache = self.model.new_cache(1)
+        if self.cache.pos == len(self.ids) and self._last is not None:  # asked twice: nothing new to feed
+            return self._last
+        idx = torch.tensor([self.ids[self.cache.pos:]], dtype=torch.long, device=self.device)
+        self._last = self.model(idx, cache=self.cache)[0][0, -1]
+        return self._last
 
     def stream(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> Iterator[str]:
         """Append prompt_ids to the running text, then yield the continuation as text pieces.
 
-        Stops after settings.max_tokens tokens or at a stop string (which is cut off). self.stats
-        holds the numbers of the last call.
+        Stops after settings.max_tokens tokens or at a stop string (cut off from the text yielded;
+        the running text keeps the tokens that made it). self.stats holds the numbers of the last call.
         """
         if generator is None:
             generator = torch.Generator()
             generator.manual_seed(settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        self.stats = Stats(prompt_tokens=len(prompt_ids))
         self.ids.extend(prompt_ids)
-        if not self.ids:  # nothing to condition on: start from token 0, as a model needs one input
-            self.ids.append(0)
-        self.stats = Stats()
+        if not self.ids:  # nothing to condition on: start as a new line would (or token 0)
+            self.ids.extend(self.tokenizer.encode("\n", unknown="drop")[:1] or [0])
         utf8 = Utf8Stream()
         hold = max((len(s) for s in settings.stop), default=1) - 1  # chars that may begin a stop string
         pending = ""  # decoded text not yet yielded (held back while it could start a stop string)
         start = time.perf_counter()
-        for n in range(settings.max_tokens):
-            self._window()
-            logits = self._next_logits()
-            history = None
-            if settings.repetition_penalty != 1.0:
-                history = torch.tensor(self.ids[-self.context:], dtype=torch.long, device=logits.device).unique()
-            token = sample_next_token(logits, settings, generator, history)
-            self.ids.append(token)
-            if n == 0:
-                self.stats.ttft_ms = (time.perf_counter() - start) * 1000
-            self.stats.tokens = n + 1
-            pending += utf8.push(self.tokenizer.token_bytes(token))
-            cut = _find_stop(pending, settings.stop)
-            if cut is not None:
-                yield pending[:cut]
-                pending = ""
-                break
-            if len(pending) > hold:
-                yield pending[: len(pending) - hold]
-                pending = pending[len(pending) - hold:]
-        else:
-            pending += utf8.flush()
-        self.stats.seconds = time.perf_counter() - start
-        if pending:
-            yield pending
+        with one_thread():
+            for n in range(settings.max_tokens):
+                try:
+                    logits = self.next_logits()
+                    history = None
+                    if settings.repetition_penalty != 1.0:
+                        history = torch.tensor(self.ids[-self.context:], device=logits.device).unique()
+                    token = sample_next_token(logits, settings, generator, history)
+                except BaseException:  # e.g. Ctrl-C inside the model: the cache may be half-written
+                    self._drop_cache()
+                    raise
+                self.ids.append(token)
+                if n == 0:
+                    self.stats.ttft_ms = (time.perf_counter() - start) * 1000
+                self.stats.tokens = n + 1
+                pending += utf8.push(self.tokenizer.token_bytes(token))
+                cut = _find_stop(pending, settings.stop)
+                if cut is not None:
+                    pending = pending[:cut]
+                    break
+                if len(pending) > hold:
+                    self.stats.seconds = time.perf_counter() - start
+                    yield pending[: len(pending) - hold]
+                    pending = pending[len(pending) - hold:]
+            else:
+                pending += utf8.flush()
+            self.stats.seconds = time.perf_counter() - start
+            if pending:
+                yield pending
 
     def complete(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> str:
         return "".join(self.stream(prompt_ids, settings, generator))
+
+
+_one_thread_users = 0
+_saved_threads = 1
+
+
+@contextmanager
+def one_thread():
+    """Run torch on one thread inside the block. One token at a time is a chain of tiny ops: a second
+    thread only adds synchronisation, and on a busy CPU waiting for it costs up to 30x. Streams may
+    interleave (compare runs two side by side): the first in saves the thread count, the last out
+    restores it. (Switching per token is no good: resizing the thread pool costs ~0.5 ms.)"""
+    global _one_thread_users, _saved_threads
+    if _one_thread_users == 0:
+        _saved_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    _one_thread_users += 1
+    try:
+        yield
+    finally:
+        _one_thread_users -= 1
+        if _one_thread_users == 0:
+            torch.set_num_threads(_saved_threads)
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

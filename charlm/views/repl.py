@@ -1,0 +1,432 @@
+"""`charlm chat`: a REPL that streams a model's continuation of each prompt, token by token.
+
+On a terminal: line editing and history (readline; the history file lives in the charlm cache
+directory), tab completion of /commands, multi-line input between \"\"\" marks, Ctrl-C stops a running
+generation, Ctrl-C at an empty prompt or Ctrl-D leaves. With stdin not a terminal, every input line
+is a prompt and the output is plain text: scriptable.
+
+Model text is always shown through safe_text in rich Text objects: never parsed as markup, and
+control characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from charlm.checkpoint import Checkpoint
+from charlm.config import ConfigError
+from charlm.data import cache_dir
+from charlm.generate import Generator, SampleConfig
+from charlm.models import count_params
+from charlm.tokenizer import UNKNOWN_POLICIES, UnknownCharactersError
+from charlm.views.text import safe_text
+
+COMMANDS = {
+    "/help": "this list",
+    "/set": "/set KEY VALUE: temperature, top_k, top_p, repetition_penalty, max_tokens, seed, stop, unknown",
+    "/show": "the settings and the model",
+    "/reset": "forget the running text",
+    "/mode": "/mode fresh|continue: each prompt starts anew, or continues the running text",
+    "/attn": "/attn [args]: the attention over the running text (transformer; /attn help)",
+    "/gates": "/gates [args]: the gates over the running text (LSTM/GRU; /gates help)",
+    "/save": "/save FILE: write the transcript to FILE",
+    "/quit": "leave (also /exit, Ctrl-D)",
+}
+SETTINGS = ("temperature", "top_k", "top_p", "repetition_penalty", "max_tokens", "seed", "stop", "unknown")
+MODES = ("fresh", "continue")
+FENCE = '"""'
+PROMPT, MORE = ">>> ", "... "
+
+
+def unescape(text: str) -> str:
+    r"""'\n', '\t', '\r' and '\\' typed as two characters -> the character itself (for stop strings)."""
+    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
+
+
+class Hint(Exception):
+    """A one-line message for the user (a bad command or value); the REPL goes on."""
+
+
+class StreamPrinter:
+    """Writes streamed model text to a console: made visible (safe_text), never markup, and printed at
+    most `fps` times a second, since a full rich print costs ~100 µs and a token ~0.3 ms."""
+
+    def __init__(self, console: Console, style: str, fps: float = 60.0):
+        self.console, self.style, self.interval = console, style, 1.0 / fps
+        self.buffer: list[str] = []
+        self.last = 0.0
+
+    def write(self, piece: str) -> None:
+        self.buffer.append(piece)
+        now = time.perf_counter()
+        if now - self.last >= self.interval:
+            self.flush()
+            self.last = now
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        text = "".join(self.buffer)
+        self.buffer = []
+        self.console.print(Text(safe_text(text), style=self.style), end="", soft_wrap=True)
+
+
+class Repl:
+    def __init__(self, ckpt: Checkpoint, settings: SampleConfig, console: Console | None = None,
+                 mode: str = "fresh", use_cache: bool = True, unknown: str = "drop", interactive: bool | None = None):
+        self.ckpt = ckpt
+        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        self.settings = settings
+        self.mode = mode
+        self.unknown = unknown
+        self.interactive = sys.stdin.isatty() if interactive is None else interactive
+        self.console = console or Console(highlight=False)
+        # hints and confirmations: beside the text on a terminal, on stderr when scripted (stdout: text only)
+        self.info = self.console if self.interactive else Console(stderr=True, highlight=False)
+        self.transcript: list[tuple[str, str]] = []
+        self.history: Path | None = None
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.interactive:
+            self._setup_readline()
+            self._banner()
+        try:
+            lines = self._terminal_lines() if self.interactive else self._piped_lines()
+            for line, fenced in lines:
+                if not self.handle(line, fenced):
+                    break
+        finally:
+            self._save_history()
+
+    def _terminal_lines(self):
+        while True:
+            try:
+                line = input(PROMPT)
+            except EOFError:  # Ctrl-D
+                self.console.print()
+                return
+            except KeyboardInterrupt:  # Ctrl-C: leave at an empty prompt, else just drop the line
+                typed = _line_buffer()
+                self.console.print()
+                if not typed.strip():
+                    return
+                continue
+            fenced = line.lstrip().startswith(FENCE)
+            if fenced:
+                try:
+                    line = self._fenced(line, lambda: input(MORE))
+                except KeyboardInterrupt:  # Ctrl-C inside a multi-line prompt drops that prompt
+                    self.console.print()
+                    continue
+            yield line, fenced
+
+    def _piped_lines(self):
+        lines = (line.rstrip("\n") for line in sys.stdin)
+        for line in lines:
+            fenced = line.lstrip().startswith(FENCE)
+            if fenced:
+                line = self._fenced(line, lambda: next(lines))
+            yield line, fenced
+
+    def _fenced(self, first: str, read) -> str:
+        """Multi-line input: from a line starting with \"\"\" to the next \"\"\"."""
+        rest = first.lstrip()[len(FENCE):]
+        if FENCE in rest:
+            return rest[: rest.index(FENCE)]
+        parts = [rest] if rest else []
+        while True:
+            try:
+                line = read()
+            except (StopIteration, EOFError):  # the input ended: send what there is
+                break
+            if FENCE in line:
+                parts.append(line[: line.index(FENCE)])
+                break
+            parts.append(line)
+        return "\n".join(parts)
+
+    def handle(self, line: str, fenced: bool = False) -> bool:
+        """One input: a /command or a prompt (between triple quotes, always a prompt). False: the end."""
+        try:
+            if line.startswith("/") and not fenced:
+                return self.command(line)
+            if line.strip() or (self.mode == "continue" and self.gen.ids):  # Enter alone: go on
+                self.generate(line)
+        except Hint as e:
+            self.hint(str(e))
+        except KeyboardInterrupt:  # e.g. during a long /attn
+            self.console.print()
+            self.hint("stopped")
+        except Exception as e:  # a bug: one line, never a traceback (CHARLM_DEBUG=1 shows it)
+            if os.environ.get("CHARLM_DEBUG"):
+                raise
+            self.hint(f"unexpected {type(e).__name__}: {e} (CHARLM_DEBUG=1 shows the traceback; please report it)")
+        return True
+
+    def hint(self, message: str, style: str = "yellow") -> None:
+        self.info.print(Text(safe_text(message), style=style), soft_wrap=True)
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        tok = self.ckpt.tokenizer
+        try:
+            return tok.encode(text, unknown="error")
+        except UnknownCharactersError as e:
+            shown = ", ".join(safe_text(repr(c)) for c in e.chars[:10]) + (", ..." if len(e.chars) > 10 else "")
+            if self.unknown == "error":
+                raise Hint(f"the model never saw {shown}: nothing sent (/set unknown drop or replace)") from None
+            done = "dropped" if self.unknown == "drop" else "replaced"
+            self.hint(f"{done} {len(e.chars)} character{'s' if len(e.chars) != 1 else ''} the model never saw: {shown}")
+            return tok.encode(text, unknown=self.unknown)
+
+    def generate(self, prompt: str) -> None:
+        ids = self.encode(prompt)
+        if self.mode == "fresh":
+            self.gen.reset()
+        printer = StreamPrinter(self.console, "cyan")
+        if self.interactive and prompt:
+            self.console.print(Text(safe_text(prompt), style="bold"), end="", soft_wrap=True)
+        out: list[str] = []
+        stopped = False
+        stream = self.gen.stream(ids, self.settings)
+        try:
+            for piece in stream:
+                out.append(piece)
+                printer.write(piece)
+        except KeyboardInterrupt:
+            stopped = True
+        finally:
+            stream.close()
+            printer.flush()
+        text = "".join(out)
+        self.transcript.append((prompt, text))
+        if self.interactive:
+            shown = text or prompt
+            if shown and not shown.endswith("\n"):
+                self.console.print()
+            self.status(stopped)
+        else:
+            self.console.print()  # one continuation per line of output (plus its own newlines)
+
+    def status(self, stopped: bool = False) -> None:
+        s = self.gen.stats
+        parts = [f"{s.tokens:,} tokens", f"{s.tokens_per_s:,.0f} tokens/s", f"first token {s.ttft_ms:.0f} ms"]
+        if self.gen.sliding:
+            parts.append(f"context {len(self.gen.ids)}/{self.gen.context}")
+        else:
+            parts.append(f"state after {len(self.gen.ids)} tokens (no context limit)")
+        line = ("stopped · " if stopped else "") + " · ".join(parts)
+        self.console.print(Text(line, style="dim"), soft_wrap=True)
+
+    # ---- commands -------------------------------------------------------------------------------
+
+    def command(self, line: str) -> bool:
+        name, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        name = name.lower()
+        if name in ("/quit", "/exit", "/q"):
+            return False
+        if name in ("/help", "/?"):
+            self.show_help()
+        elif name == "/set":
+            self.set(rest)
+        elif name == "/show":
+            self.show()
+        elif name == "/reset":
+            self.gen.reset()
+            self.hint("the running text is empty now", style="green")
+        elif name == "/mode":
+            if rest not in MODES:
+                raise Hint(f"/mode is {self.mode}: use /mode fresh or /mode continue")
+            self.mode = rest
+            self.hint(f"mode {rest}: " + ("each prompt starts anew" if rest == "fresh" else "prompts continue the running text"),
+                      style="green")
+        elif name in ("/attn", "/gates"):
+            self.viewer(name[1:], rest.split())
+        elif name == "/save":
+            self.save(rest)
+        else:
+            raise Hint(f"unknown command {name}: /help lists them (to send text that starts with /, "
+                       f'begin it with a space or put it in """ marks)')
+        return True
+
+    def show_help(self) -> None:
+        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+        table.add_column(style="bold")
+        table.add_column()
+        rows = [*COMMANDS.items(), ('"""', 'a multi-line prompt, up to the next """'),
+                ("Enter", "on an empty line in continue mode: go on with the text"),
+                ("Ctrl-C", "stop a generation; at an empty prompt: leave")]
+        for name, text in rows:
+            table.add_row(Text(name), Text(text))  # Text, not str: "[args]" is not markup
+        self.console.print(table)
+
+    def set(self, rest: str) -> None:
+        m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)  # KEY VALUE or KEY=VALUE
+        key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
+        if key not in SETTINGS:
+            raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
+        if not value:
+            raise Hint(f"/set {key} needs a value, e.g. /set {key} {_EXAMPLES[key]}")
+        if key == "unknown":
+            if value not in UNKNOWN_POLICIES:
+                raise Hint(f"/set unknown takes {', '.join(UNKNOWN_POLICIES)}, not {value!r}")
+            self.unknown = value
+            self.hint(f"unknown = {value}", style="green")
+            return
+        try:
+            parsed = _parse_setting(key, value)
+            self.settings = dataclasses.replace(self.settings, **{key: parsed}).validate()
+        except (ValueError, ConfigError) as e:
+            raise Hint(f"bad value for {key}: {e}") from None
+        self.hint(f"{key} = {_show_value(parsed)}", style="green")
+
+    def show(self) -> None:
+        ck, m, s = self.ckpt, self.ckpt.model_config, self.settings
+        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0), title=Text(safe_text(ck.name), style="bold"),
+                      title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        size = f"{m.n_layers} layer{'s' if m.n_layers != 1 else ''} × {m.d_model}"
+        if m.kind == "transformer":
+            size += f", {m.n_heads} heads"
+        rows = [("model", f"{m.kind} ({size}, context {m.context}), {count_params(ck.model):,} parameters"),
+                ("tokenizer", f"{ck.tokenizer.kind}, {ck.tokenizer.vocab_size} tokens")]
+        rows += [(key, _show_value(self.unknown if key == "unknown" else getattr(s, key))) for key in SETTINGS]
+        rows += [("mode", self.mode), ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
+                 ("running text", f"{len(self.gen.ids)} tokens")]
+        for name, value in rows:
+            table.add_row(Text(name), Text(value))  # Text, not str: a stop string like "[b]" is not markup
+        self.console.print(table)
+
+    def viewer(self, name: str, args: list[str]) -> None:
+        has_attention = self.ckpt.model.has_attention
+        if name == "attn" and not has_attention:
+            raise Hint(f"this {self.ckpt.model_config.kind} has no attention; /gates shows its gates")
+        if name == "gates" and has_attention:
+            raise Hint("a transformer has no gates; /attn shows its attention")
+        module, func = {"attn": ("charlm.views.attention", "show_attention"), "gates": ("charlm.views.gates", "show_gates")}[name]
+        try:
+            show = getattr(importlib.import_module(module), func)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise Hint(f"/{name} is not yet available") from None
+        except AttributeError:
+            raise Hint(f"/{name} is not yet available") from None
+        if not self.gen.ids:
+            raise Hint(f"there is no text yet: type a prompt, then /{name}")
+        try:
+            show(self.console, self.ckpt.model, self.ckpt.tokenizer, list(self.gen.ids), args)
+        except (ConfigError, ValueError) as e:
+            raise Hint(str(e)) from None
+
+    def save(self, path: str) -> None:
+        if not path:
+            raise Hint("usage: /save FILE")
+        target = Path(path).expanduser()
+        body = "".join(f"{PROMPT}{prompt}\n{prompt}{text}\n\n" for prompt, text in self.transcript)
+        try:
+            target.write_text(body, encoding="utf-8")
+        except OSError as e:
+            raise Hint(f"cannot write {target}: {e.strerror or e}") from None
+        self.hint(f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green")
+
+    # ---- terminal niceties ----------------------------------------------------------------------
+
+    def _banner(self) -> None:
+        m = self.ckpt.model_config
+        self.console.print(Text.assemble(
+            ("charlm chat", "bold"), " · ", safe_text(self.ckpt.name),
+            (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
+        ), soft_wrap=True)
+        self.console.print(Text("type a prompt; /help for commands; Ctrl-C stops a generation; Ctrl-D leaves", style="dim"))
+
+    def _setup_readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+            return
+        readline.set_completer(_complete)
+        readline.set_completer_delims(" \t\n")
+        if "libedit" in (readline.__doc__ or ""):
+            readline.parse_and_bind("bind ^I rl_complete")
+        else:
+            readline.parse_and_bind("tab: complete")
+        self.history = cache_dir() / "chat_history"
+        readline.set_history_length(1000)
+        try:
+            readline.read_history_file(self.history)
+        except OSError:  # no history yet, or unreadable: start without
+            pass
+
+    def _save_history(self) -> None:
+        if self.history is None:
+            return
+        import readline
+
+        try:
+            self.history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(self.history)
+        except OSError:  # a read-only cache dir costs the history, not the session
+            pass
+
+
+_EXAMPLES = {"temperature": "0.8", "top_k": "40", "top_p": "0.9", "repetition_penalty": "1.2", "max_tokens": "300",
+             "seed": "42 (or none)", "stop": r"\n\n (or none)", "unknown": "drop"}
+
+
+def _parse_setting(key: str, value: str):
+    if key == "stop":
+        return [] if value.lower() in ("none", "off") else [unescape(value)]
+    if key == "seed" and value.lower() in ("none", "random", "off"):
+        return None
+    try:
+        return float(value) if key in ("temperature", "top_p", "repetition_penalty") else int(value)
+    except ValueError:
+        kind = "a number" if key in ("temperature", "top_p", "repetition_penalty") else "a whole number"
+        raise ValueError(f"{value!r} is not {kind}") from None
+
+
+def _show_value(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(safe_text(repr(v)) for v in value) or "none"
+    return "none" if value is None else str(value)
+
+
+def _line_buffer() -> str:
+    """What is typed at the prompt so far ("" without readline)."""
+    try:
+        import readline
+    except ImportError:
+        return ""
+    return readline.get_line_buffer()
+
+
+def _complete(text: str, state: int) -> str | None:
+    """readline completer: /commands, then /set keys and /mode values."""
+    import readline
+
+    words = readline.get_line_buffer().lstrip().split(" ")
+    if len(words) <= 1:
+        options = [c + " " for c in COMMANDS if c.startswith(text)]
+    elif len(words) == 2 and words[0] == "/set":
+        options = [k + " " for k in SETTINGS if k.startswith(text)]
+    elif len(words) == 2 and words[0] == "/mode":
+        options = [m for m in MODES if m.startswith(text)]
+    else:
+        options = []
+    return options[state] if state < len(options) else None

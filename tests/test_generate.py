@@ -1,0 +1,377 @@
+"""The generation engine: pure sampling against straightforward reference implementations, seeded
+determinism, stop strings, UTF-8-safe streaming, and the cache (KV cache / RNN state, incl. the
+numpy one-token step and the sliding window) against full recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from charlm.config import ConfigError, ModelConfig
+from charlm.generate import Generator, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
+from charlm.models import build_model
+from charlm.tokenizer import BPETokenizer, CharTokenizer
+
+CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on a shared 2-core machine: one thread is faster, and the tests stay deterministic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def model_of(kind="transformer", positions="rope", vocab=CHARS.vocab_size, context=16, layers=2, d_model=32, heads=4,
+             scale=0.3, seed=0):
+    """A random model with large weights, so logits are O(1..10) and a 1e-4 agreement means something."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=heads, context=context,
+                      positions=positions)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, scale)
+    return model
+
+
+# ---- sampling, against references written out in plain Python ----------------------------------
+
+
+def ref_softmax(xs: list[float]) -> list[float]:
+    top = max(x for x in xs if x != -math.inf)
+    exps = [math.exp(x - top) if x != -math.inf else 0.0 for x in xs]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def ref_probs(logits: list[float], temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, history=()) -> list[float]:
+    xs = list(logits)
+    for i in set(history):
+        xs[i] = xs[i] / penalty if xs[i] > 0 else xs[i] * penalty
+    xs = [x / temperature for x in xs]
+    if top_k:
+        best = sorted(range(len(xs)), key=lambda i: -xs[i])[:top_k]
+        xs = [x if i in best else -math.inf for i, x in enumerate(xs)]
+    probs = ref_softmax(xs)
+    if top_p < 1:
+        order = sorted(range(len(probs)), key=lambda i: -probs[i])
+        kept, total = [], 0.0
+        for i in order:  # the smallest set of most likely tokens whose probability reaches top_p
+            kept.append(i)
+            total += probs[i]
+            if total >= top_p:
+                break
+        probs = [p / total if i in kept else 0.0 for i, p in enumerate(probs)]
+    return probs
+
+
+def assert_probs(got: torch.Tensor, want: list[float]):
+    assert got.shape == (len(want),)
+    assert {i for i, p in enumerate(want) if p > 0} == set(torch.nonzero(got).flatten().tolist())
+    assert max(abs(g - w) for g, w in zip(got.tolist(), want)) < 1e-5
+
+
+def test_settings_are_validated():
+    for bad in (dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5), dict(repetition_penalty=0),
+                dict(max_tokens=-1), dict(stop=[""]), dict(seed=-1)):
+        with pytest.raises(ConfigError):
+            SampleConfig(**bad).validate()
+    SampleConfig(temperature=0, top_k=5, top_p=0.5, repetition_penalty=1.3, stop=["\n"], seed=3).validate()
+
+
+def test_temperature_zero_is_argmax():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        logits = torch.randn(40, generator=g) * 3
+        assert sample_next_token(logits, SampleConfig(temperature=0), g) == int(logits.argmax())
+        assert_probs(sampling_probs(logits, SampleConfig(temperature=0)), [float(i == int(logits.argmax())) for i in range(40)])
+
+
+def test_top_k_keeps_exactly_the_k_best():
+    g = torch.Generator().manual_seed(1)
+    for k in (1, 2, 5, 17):
+        logits = torch.randn(30, generator=g) * 2
+        s = SampleConfig(temperature=0.7, top_k=k)
+        assert_probs(sampling_probs(logits, s), ref_probs(logits.tolist(), 0.7, top_k=k))
+        draws = {sample_next_token(logits, s, g) for _ in range(300)}
+        assert draws <= set(torch.topk(logits, k).indices.tolist())
+
+
+def test_top_k_with_ties_still_keeps_k():
+    """Regression: masking below the k-th value kept every token tied with it (here all 10)."""
+    logits = torch.zeros(10)
+    probs = sampling_probs(logits, SampleConfig(temperature=1.0, top_k=3))
+    assert int((probs > 0).sum()) == 3
+    assert torch.allclose(probs[probs > 0], torch.full((3,), 1 / 3))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    g = torch.Generator().manual_seed(2)
+    for trial in range(20):
+        logits = torch.randn(25, generator=g) * 2
+        probs = sorted(ref_softmax(logits.tolist()), reverse=True)
+        cum = [sum(probs[: i + 1]) for i in range(len(probs))]
+        n = 1 + trial % 8  # aim between two cumulative sums: exactly n tokens reach p, never a near tie
+        p = (cum[n - 2] + cum[n - 1]) / 2 if n > 1 else cum[0] / 2
+        got = sampling_probs(logits, SampleConfig(temperature=1.0, top_p=p))
+        assert int((got > 0).sum()) == n
+        assert_probs(got, ref_probs(logits.tolist(), 1.0, top_p=p))
+
+
+def test_top_k_then_top_p_then_temperature_together():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(50, generator=g) * 2
+    s = SampleConfig(temperature=1.3, top_k=10, top_p=0.6)
+    assert_probs(sampling_probs(logits, s), ref_probs(logits.tolist(), 1.3, top_k=10, top_p=0.6))
+
+
+def test_repetition_penalty_follows_ctrl():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(20, generator=g) * 2
+    history = [0, 3, 3, 7, 12]
+    s = SampleConfig(temperature=0.9, repetition_penalty=1.5)
+    got = sampling_probs(logits, s, torch.tensor(history).unique())
+    assert_probs(got, ref_probs(logits.tolist(), 0.9, penalty=1.5, history=history))
+    plain = sampling_probs(logits, SampleConfig(temperature=0.9))
+    assert all(got[i] < plain[i] for i in set(history))  # seen tokens always lose probability
+    # greedy with a penalty: the argmax of the penalised logits
+    ref = ref_probs(logits.tolist(), 1.0, penalty=1.5, history=history)
+    assert sample_next_token(logits, SampleConfig(temperature=0, repetition_penalty=1.5), g,
+                             torch.tensor(history)) == max(range(20), key=lambda i: ref[i])
+
+
+@pytest.mark.parametrize("settings", [SampleConfig(temperature=0.8), SampleConfig(temperature=1.0, top_k=6, top_p=0.9)])
+def test_the_draw_is_the_inverse_cdf_of_one_uniform(settings):
+    """The token is where one uniform number from the generator falls in the reference CDF."""
+    g = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        logits = torch.randn(12, generator=g) * 2
+        probs = ref_probs(logits.tolist(), settings.temperature, settings.top_k, settings.top_p)
+        u = torch.rand((), generator=torch.Generator().set_state(g.get_state()), dtype=torch.float64).item()
+        acc, want = 0.0, None
+        for i, p in enumerate(probs):
+            acc += p
+            if p > 0 and u < acc:
+                want = i
+                break
+        assert sample_next_token(logits, settings, g) == (want if want is not None else max(i for i, p in enumerate(probs) if p))
+
+
+def test_draw_frequencies_match_probabilities():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    probs = ref_probs(logits.tolist())
+    n = 6000
+    counts = [0] * 5
+    for _ in range(n):
+        counts[sample_next_token(logits, SampleConfig(temperature=1.0), g)] += 1
+    for c, p in zip(counts, probs):
+        assert abs(c / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+# ---- the generator -----------------------------------------------------------------------------
+
+
+def test_same_seed_same_text_different_seed_different_text():
+    model = model_of()
+    s = SampleConfig(temperature=1.0, max_tokens=80, seed=11)
+    prompt = CHARS.encode("hello there")
+    a = Generator(model, CHARS).complete(prompt, s)
+    b = Generator(model, CHARS).complete(prompt, s)
+    gen = Generator(model, CHARS)
+    gen.complete(CHARS.encode("something else"), s)
+    gen.reset()
+    c = gen.complete(prompt, s)  # a used generator, reset, is as good as new
+    d = Generator(model, CHARS).complete(prompt, SampleConfig(temperature=1.0, max_tokens=80, seed=12))
+    assert a == b == c
+    assert len(a) == 80 and a != d
+
+
+def test_cached_and_uncached_generation_agree():
+    model = model_of(context=16)
+    s = SampleConfig(temperature=0, max_tokens=60)
+    prompt = CHARS.encode("the cat")
+    assert Generator(model, CHARS).complete(prompt, s) == Generator(model, CHARS, use_cache=False).complete(prompt, s)
+
+
+def test_stats_are_filled():
+    gen = Generator(model_of(), CHARS)
+    gen.complete(CHARS.encode("abc"), SampleConfig(max_tokens=30, seed=0))
+    d = gen.stats.to_dict()
+    assert d["tokens"] == 30 and d["prompt_tokens"] == 3 and d["seconds"] > 0 and d["tokens_per_s"] > 0
+    assert 0 < d["ttft_ms"] <= d["seconds"] * 1000
+
+
+def test_empty_prompt_starts_from_a_newline():
+    gen = Generator(model_of(), CHARS)
+    text = gen.complete([], SampleConfig(max_tokens=5, seed=0))
+    assert len(text) == 5 and gen.ids[0] == CHARS.encode("\n")[0]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_stop_strings_cut_exactly_even_across_tokens(tokenizer):
+    """Generate freely, pick a stop string that spans two tokens, generate again with the same seed:
+    the text must be the free text cut just before the stop string's first appearance."""
+    tok = CHARS if tokenizer == "char" else BPETokenizer.train(["the cat sat on the mat. " * 50, "hello world! " * 50], 300)
+    model = model_of(vocab=tok.vocab_size, context=32)
+    settings = SampleConfig(temperature=1.0, max_tokens=150, seed=21)
+    tokens = tokens_by_hand(model, tok, "the ", settings)
+    data = [tok.token_bytes(t) for t in tokens]
+    free = b"".join(data).decode("utf-8", errors="replace")
+    assert Generator(model, tok).complete(tok.encode("the "), settings) == free
+    # a boundary between two tokens a third of the way in (where the bytes so far are whole characters)
+    cut = None
+    for i in range(len(data)):
+        try:
+            cut = len(b"".join(data[: i + 1]).decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+        if cut >= len(free) // 3:
+            break
+    stop = free[cut - 2: cut + 2]
+    first = free.find(stop)
+    with_stop = SampleConfig(**{**settings.to_dict(), "stop": [stop]})
+    pieces = list(Generator(model, tok).stream(tok.encode("the "), with_stop))
+    assert "".join(pieces) == free[:first]
+    # of two stop strings, the earlier one wins
+    other = free[first + 5: first + 8]
+    both = SampleConfig(**{**settings.to_dict(), "stop": [other, stop]})
+    assert Generator(model, tok).complete(tok.encode("the "), both) == free[: min(first, free.find(other))]
+
+
+def tokens_by_hand(model, tok, prompt: str, settings: SampleConfig) -> list[int]:
+    """The generation of Generator.stream, step by step by hand: the new token ids."""
+    gen = Generator(model, tok)
+    generator = torch.Generator().manual_seed(settings.seed)
+    gen.ids = tok.encode(prompt)
+    out = []
+    for _ in range(settings.max_tokens):
+        token = sample_next_token(gen.next_logits(), settings, generator)
+        gen.ids.append(token)
+        out.append(token)
+    return out
+
+
+def test_utf8_stream_never_shows_half_a_character():
+    text = "日本語のテキスト 🎉🐍 emoji and 中文字符 mixed 😀👍🏽 text. " * 20
+    tok = BPETokenizer.train([text], 300)  # few merges: most multi-byte characters stay split in bytes
+    ids = tok.encode(text)
+    broken = 0
+    for t in ids:
+        try:
+            tok.token_bytes(t).decode("utf-8")
+        except UnicodeDecodeError:
+            broken += 1
+    assert broken > 10  # the point of the test: tokens that are not whole characters
+    stream, pieces = Utf8Stream(), []
+    for t in ids:
+        pieces.append(stream.push(tok.token_bytes(t)))
+    pieces.append(stream.flush())
+    assert not any("\ufffd" in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_generator_streams_bpe_bytes_like_a_whole_decode():
+    """Streaming must decode exactly as decoding all the bytes at once would: '�' only where the bytes
+    really are invalid, never for a character split between two tokens."""
+    text = "日本語のテキスト 🎉🐍 中文字符 😀👍🏽 " * 20
+    tok = BPETokenizer.train([text], 300)
+    model = model_of(vocab=tok.vocab_size, context=24, scale=0.1)
+    settings = SampleConfig(temperature=1.0, max_tokens=300, seed=3)
+    pieces = list(Generator(model, tok).stream(tok.encode("日本"), settings))
+    whole = decode_at_once(model, tok, "日本", settings)
+    assert "".join(pieces) == whole
+    assert sum(ord(c) > 0x3000 and c != "\ufffd" for c in whole) > 10  # it did make multi-byte characters
+
+
+def decode_at_once(model, tok, prompt: str, settings: SampleConfig) -> str:
+    """The same generation without streaming, then one decode of all the bytes."""
+    return b"".join(tok.token_bytes(t) for t in tokens_by_hand(model, tok, prompt, settings)).decode("utf-8", errors="replace")
+
+
+# ---- the cache against full recomputation ------------------------------------------------------
+
+CONFIGS = [("transformer", "rope", True), ("transformer", "rope", False), ("transformer", "learned", True),
+           ("transformer", "sinusoidal", True), ("transformer", "learned", False), ("lstm", "rope", True),
+           ("gru", "rope", True)]
+
+
+@pytest.mark.parametrize("kind,positions,fast", CONFIGS)
+def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast):
+    """Every step of the Generator (prefill, one-token steps, window slides and re-prefills) gives the
+    logits of one full forward pass over the text it holds."""
+    model = model_of(kind, positions, context=16)
+    model.fast_decode = fast
+    g = torch.Generator().manual_seed(7)
+    gen = Generator(model, CHARS)
+    gen.ids = torch.randint(0, CHARS.vocab_size, (5,), generator=g).tolist()
+    slides, worst = 0, 0.0
+    for step in range(60):
+        before = len(gen.ids)
+        logits = gen.next_logits()
+        slides += len(gen.ids) < before
+        with torch.no_grad():
+            full, _ = model(torch.tensor([gen.ids]))
+        worst = max(worst, (logits - full[0, -1]).abs().max().item())
+        gen.ids.append(int(torch.randint(0, CHARS.vocab_size, (1,), generator=g)))
+    assert worst <= 1e-4
+    assert full.abs().max() > 1.0  # the logits are big enough for the comparison to bite
+    if kind == "transformer":
+        assert slides >= 5 and len(gen.ids) <= 17
+
+
+@pytest.mark.parametrize("kind,positions,fast", CONFIGS)
+def test_prefill_in_chunks_equals_a_full_pass(kind, positions, fast):
+    model = model_of(kind, positions, context=32)
+    model.fast_decode = fast
+    ids = torch.randint(0, CHARS.vocab_size, (1, 32), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        full, _ = model(ids)
+        cache = model.new_cache(1)
+        outs, start = [], 0
+        for size in (5, 1, 1, 3, 1, 7, 1, 1, 2, 10):
+            out, _ = model(ids[:, start: start + size], cache=cache)
+            outs.append(out)
+            start += size
+    assert start == 32 and cache.pos == 32
+    assert (torch.cat(outs, dim=1) - full).abs().max().item() <= 1e-4
+
+
+def test_transformer_cache_refuses_to_overflow():
+    model = model_of(context=8)
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="exceed the model's context"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_five_thousand_tokens_with_a_tiny_context(kind):
+    model = model_of(kind, context=8, layers=1, d_model=16, heads=2)
+    gen = Generator(model, CHARS)
+    text = gen.complete(CHARS.encode("abc"), SampleConfig(temperature=1.0, max_tokens=5000, seed=0))
+    assert gen.stats.tokens == 5000 and len(text) == 5000
+    if kind == "transformer":
+        assert len(gen.ids) <= 9
+
+
+def test_generation_leaves_the_thread_count_alone_even_when_streams_interleave():
+    """Generation runs torch on one thread; interleaved streams (as compare runs them) must still
+    leave the caller's thread count as it was."""
+    torch.set_num_threads(2)
+    model = model_of()
+    a = Generator(model, CHARS).stream(CHARS.encode("a"), SampleConfig(max_tokens=5, seed=0))
+    b = Generator(model, CHARS).stream(CHARS.encode("b"), SampleConfig(max_tokens=5, seed=0))
+    next(a)
+    next(b)
+    assert torch.get_num_threads() == 1
+    list(a)
+    assert torch.get_num_threads() == 1  # b still runs
+    list(b)
+    assert torch.get_num_threads() == 2

@@ -1,0 +1,182 @@
+"""`charlm chat` driven through a real pseudo-terminal (pexpect), and with piped stdin."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pexpect
+
+from charlm import checkpoint
+from charlm.generate import Generator, SampleConfig
+from charlm.views.repl import unescape
+from charlm.views.text import safe_text
+
+MEMORISED = "But soft, what light through yonder window breaks?"
+VISIBLE_ESCAPES = r"[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m"
+
+
+def env(tmp_path) -> dict:
+    e = {k: v for k, v in os.environ.items() if k != "CHARLM_CACHE"}  # the history must follow XDG_CACHE_HOME
+    return e | {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8"}
+
+
+def spawn(run, tmp_path, *args) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(run), *args], env=env(tmp_path),
+                          encoding="utf-8", timeout=60, dimensions=(50, 220))
+    child.expect_exact(">>> ")
+    return child
+
+
+def say(child: pexpect.spawn, line: str, raw: bool = False) -> str:
+    """Type a line, wait for the next prompt, return what the screen showed in between (without the
+    terminal's styling codes and carriage returns, unless raw)."""
+    child.sendline(line)
+    child.expect_exact(">>> ")
+    return child.before if raw else plain(child.before)
+
+
+def plain(screen: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "")
+
+
+def test_a_session_in_a_terminal(gen_runs, tmp_path):
+    child = spawn(gen_runs["tf"], tmp_path, "--seed", "1")
+    assert "temperature = 0" in say(child, "/set temperature 0")
+
+    # a prompt: the memorised continuation streams, then a dim status line
+    raw = say(child, "window breaks?", raw=True)
+    assert "\x1b]" not in raw and "\x07" not in raw and "\x1b[31m" not in raw  # the model's escapes never reach the terminal
+    screen = plain(raw)
+    assert "[bold]red[/bold]" in screen  # markup shown literally, never applied
+    assert VISIBLE_ESCAPES in screen  # escapes shown as visible text
+    assert re.search(r"200 tokens · [\d,]+ tokens/s · first token \d+ ms · context \d+/48", screen)
+
+    screen = say(child, "/show")
+    for row in ("temperature", "0.0", "max_tokens", "200", "seed", "1", "transformer (1 layer × 48", "mode", "fresh"):
+        assert row in screen
+    assert "running text" in screen and re.search(r"running text\s+\d+ tokens", screen)
+    assert "empty" in say(child, "/reset")
+    assert re.search(r"running text\s+0 tokens", say(child, "/show"))
+
+    # bad commands and values: a one-line hint, and the REPL goes on
+    for line, hint in (("/bogus", "unknown command /bogus"), ("/set temperature warm", "bad value for temperature"),
+                       ("/set top_p 2", "top_p must be in (0, 1]"), ("/set colour red", "usage: /set KEY VALUE"),
+                       ("/mode sideways", "/mode fresh or /mode continue"), ("/gates", "has no gates"),
+                       ("/attn", "no text yet")):
+        screen = say(child, line)
+        assert hint in screen and "Traceback" not in screen
+        assert len([l for l in screen.splitlines() if l.strip()]) == 2, screen  # the echoed command + one line
+
+    # continue mode: the second prompt goes on from the first; the viewer sees the running text
+    say(child, "/mode continue")
+    say(child, "/set max_tokens 20")
+    first = say(child, "ROMEO:")
+    assert MEMORISED[:19] in first
+    assert "context 26/48" in first  # 6 prompt tokens + 20 new ones
+    screen = say(child, "/attn")
+    assert "tokens 0..25 of 26" in screen and "Traceback" not in screen  # the viewer got the running text
+
+    # a multi-line prompt between """ marks
+    say(child, "/mode fresh")
+    child.sendline('"""')
+    child.expect_exact("... ")
+    child.sendline("JULIET:")
+    child.expect_exact("... ")
+    child.sendline('O Romeo"""')
+    child.expect_exact(">>> ")
+    assert "Romeo! wherefore" in plain(child.before)
+
+    # tab completion of commands: "/sh" + Tab completes to "/show "
+    child.send("/sh\t")
+    child.expect_exact("/show ")
+    child.sendline("")
+    child.expect_exact(">>> ")
+    assert "max_tokens" in plain(child.before)
+
+    # /save writes the transcript
+    transcript = tmp_path / "talk.txt"
+    assert "saved 3 turns" in say(child, f"/save {transcript}")
+    saved = transcript.read_text(encoding="utf-8")
+    assert saved.startswith(">>> window breaks?\nwindow breaks?\n[bold]red[/bold] \x1b]0;pwned\x07")  # the raw text
+    assert "\n>>> ROMEO:\nROMEO:\nBut soft" in saved and '>>> JULIET:\nO Romeo\n' in saved
+
+    # Ctrl-C stops a long generation and returns to the prompt; the REPL is still alive
+    say(child, "/set max_tokens 100000000")
+    child.sendline("ROMEO:")
+    child.expect_exact("wherefore")
+    child.sendintr()
+    child.expect(r"stopped · [\d,]+ tokens")
+    child.expect_exact(">>> ")
+    assert "Traceback" not in child.before
+
+    # Ctrl-C on a half-typed line drops the line; Ctrl-D on an empty one leaves
+    child.send("half a lin")
+    child.expect_exact("half a lin")
+    child.sendintr()
+    child.expect_exact(">>> ")
+    assert "temperature = 0.5" in say(child, "/set temperature 0.5")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    history = (tmp_path / "xdg" / "charlm" / "chat_history").read_text()
+    assert "/set temperature 0" in history and "ROMEO:" in history
+
+
+def test_ctrl_c_at_an_empty_prompt_leaves(gen_runs, tmp_path):
+    child = spawn(gen_runs["tf"], tmp_path)
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def chat_piped(run, tmp_path, lines: list[str], *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "charlm", "chat", str(run), *args], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, encoding="utf-8", env=env(tmp_path), timeout=120)
+
+
+def test_piped_stdin_is_scriptable(gen_runs, tmp_path):
+    """Each line a prompt; stdout holds only the continuations (one per prompt, plain, no styling),
+    hints go to stderr; unknown characters get a one-line warning and are dropped."""
+    out = chat_piped(gen_runs["tf"], tmp_path, ["/set temperature 0", "/set max_tokens 51", "ROMEO:", "/bogus",
+                                                "window breaks?", "ROMEO:ü", "/set stop t, w", "ROMEO:",
+                                                '"""/bogus"""', "/quit", "never read"])
+    assert out.returncode == 0
+    ck = checkpoint.load(gen_runs["tf"])  # the library's greedy continuation of "/bogus", shown safely
+    fenced_bogus = safe_text(Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("/bogus"),
+                                                                        SampleConfig(temperature=0, max_tokens=51)))
+    # each continuation (51 tokens, starting with the newline after the prompt), then one newline
+    assert out.stdout == (f"\n{MEMORISED}\n"
+                          f"\n{VISIBLE_ESCAPES}\nJULIET:\nO\n"  # styled by nothing, escapes made visible
+                          f"\n{MEMORISED}\n"  # ROMEO:ü with the ü dropped
+                          "\nBut sof\n"  # cut at the stop string "t, w"
+                          f"{fenced_bogus}\n")  # between \"\"\" marks, /bogus is a prompt, not a command
+    errors = out.stderr.strip().splitlines()
+    assert errors == ["temperature = 0.0", "max_tokens = 51",
+                      "unknown command /bogus: /help lists them (to send text that starts with /, begin it with a space "
+                      'or put it in """ marks)',
+                      "dropped 1 character the model never saw: 'ü'", "stop = 't, w'"]
+
+
+def test_lstm_has_gates_not_attention(gen_runs, tmp_path):
+    out = chat_piped(gen_runs["lstm"], tmp_path, ["/attn", "/set max_tokens 5", "hello", "/gates help"])
+    assert out.returncode == 0
+    assert "this lstm has no attention; /gates shows its gates" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_help_and_show_print_brackets_literally(gen_runs, tmp_path):
+    """Regression: /help lost "[args]" and /show a stop string like "[red]x": plain str table cells
+    were parsed as Rich markup."""
+    out = chat_piped(gen_runs["lstm"], tmp_path, ["/help", "/set stop [red]x", "/show"])
+    assert out.returncode == 0
+    assert "/attn [args]" in out.stdout and "'[red]x'" in out.stdout
+    assert "lstm (1 layer × 48, context 48)" in out.stdout
+
+
+def test_unescape():
+    assert unescape(r"a\nb\tc\\n") == "a\nb\tc\\n"
