@@ -13,6 +13,7 @@ MODEL_KINDS = ("transformer", "lstm", "gru")
 POSITIONS = ("rope", "learned", "sinusoidal")
 TOKENIZERS = ("char", "bpe")
 PRESETS = ("tiny", "small", "medium")
+OPTIMIZERS = ("muon", "adamw")
 
 
 class ConfigError(ValueError):
@@ -78,11 +79,14 @@ class TrainConfig:
     steps: int = 2000  # the run's total; --resume continues up to it
     max_time: float | None = None  # seconds; training stops (and the schedule ends) when it runs out
     batch_size: int = 32
+    grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum * processes
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup: int = 100
     weight_decay: float = 0.1
     beta2: float = 0.99
+    optimizer: str = "muon"  # muon (Muon for hidden matrices + AdamW for the rest) | adamw
+    muon_lr: float = 0.02  # Muon's own learning rate (it follows the same schedule)
     grad_clip: float = 1.0
     eval_interval: int = 250
     eval_iters: int = 20
@@ -98,12 +102,18 @@ class TrainConfig:
             self.tokenizer != "bpe" or 257 <= self.vocab_size <= 1_000_000,
             f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.vocab_size}",
         )
+        _check(self.optimizer in OPTIMIZERS, f"unknown --optimizer '{self.optimizer}': choose muon or adamw")
+        _check(0 < self.muon_lr < 10, f"--muon-lr must be positive and below 10, got {self.muon_lr}")
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
         _check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.warmup >= 0, f"--warmup must be at least 0, got {self.warmup}")
+        _check(self.weight_decay >= 0, f"--weight-decay must be at least 0, got {self.weight_decay}")
+        _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
+        _check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
         _check(self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")
         _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")

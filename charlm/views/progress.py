@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -72,15 +74,19 @@ class TrainView:
         self.started = e
         m, t = e.model_config, e.train_config
         size = f"{m.n_layers} layers × {m.d_model}" + (f", {m.n_heads} heads" if m.kind == "transformer" else "")
-        budget = f"{t.steps} steps" + (f" or {t.max_time:g}s" if t.max_time else "")
+        # a time-only run has an effectively unlimited step count: don't print 1000000000 steps
+        budget = " or ".join(([f"{t.steps} steps"] if t.steps < 10**9 else []) + ([f"{t.max_time:g}s"] if t.max_time else []))
         resumed = f", resuming at step {e.start_step}" if e.start_step else ""
+        batch = f"batch {t.batch_size}"
+        if t.grad_accum > 1 or e.world_size > 1:  # the effective batch: what one optimizer step sees
+            batch += f" × {t.grad_accum} accum × {e.world_size} processes = {t.batch_size * t.grad_accum * e.world_size}"
         self.console.print(
             f"[bold]charlm train[/] {m.kind} ({size}, context {m.context}), {e.params / 1e6:.2f}M params, "
             f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
         )
         self.console.print(
-            f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · batch {t.batch_size} · "
-            f"lr {t.lr:g} · {budget}{resumed} · saving to {e.out_dir}"
+            f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · {batch} · "
+            f"lr {t.lr:g} · {budget}{resumed} · saving to {escape(str(e.out_dir))}"  # a path is not markup
         )
         self.total = t.steps
         if self.live:
@@ -124,15 +130,16 @@ class TrainView:
         table.add_row("parameters", f"{result.params:,}")
         if result.best_val_loss != float("inf"):
             table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
-        table.add_row("checkpoints", f"{result.out_dir}/best.pt, last.pt")
+        table.add_row("checkpoints", Text(f"{result.out_dir}/best.pt, last.pt"))  # Text: a path is not markup
         self.console.print(table)
         if final_sample:
             self.console.print("[bold]sample:[/]")
             self.console.print(Text(safe_text(final_sample), style="italic"))
         self.console.print("\n[bold]try next:[/]")
-        self.console.print(f"  charlm chat {result.out_dir}", highlight=False)
-        self.console.print(f"  charlm sample {result.out_dir} --prompt \"...\"", highlight=False)
-        self.console.print(f"  charlm info {result.out_dir}", highlight=False)
+        run = shlex.quote(str(result.out_dir))  # printed to be copied into a shell, never read as markup
+        self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
+        self.console.print(f"  charlm sample {run} --prompt \"...\"", markup=False, highlight=False)
+        self.console.print(f"  charlm info {run}", markup=False, highlight=False)
 
     def close(self) -> None:
         if self.progress is not None:

@@ -1,0 +1,246 @@
+"""Models: the shared contract, causality, cached == full decoding, attention capture, learning, and
+config validation. Everything is tiny and runs on the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration, preset
+from charlm.models import RNN, Transformer, build_model, count_params
+from charlm.tokenizer import CharTokenizer
+
+V, B, T = 23, 2, 12
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: a second intra-op thread only waits for the busy core
+    (measured 20-50x slower under load), so these tests use one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+KINDS = [("transformer", "rope"), ("transformer", "learned"), ("transformer", "sinusoidal"), ("lstm", None), ("gru", None)]
+IDS = [f"{k}-{p}" if p else k for k, p in KINDS]
+
+
+def tiny(kind: str = "transformer", positions: str | None = "rope", **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind=kind, vocab_size=V, n_layers=2, d_model=32, n_heads=4, context=16,
+                      positions=positions or "rope", **kw)
+    return build_model(cfg).eval()
+
+
+def tokens(b: int = B, t: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
+def test_forward_shapes_and_loss(kind, positions):
+    model = tiny(kind, positions)
+    x = tokens()
+    logits, loss = model(x)
+    assert logits.shape == (B, T, V) and loss is None
+    logits, loss = model(x, tokens(seed=2))
+    assert loss.shape == () and math.isfinite(loss.item())
+    # an untrained model predicts close to uniform: its loss on random targets is near ln(V)
+    assert abs(loss.item() - math.log(V)) < 0.5
+    assert model.has_attention == (kind == "transformer")
+
+
+def test_transformer_head_is_tied_and_counted_once():
+    model = tiny()
+    assert model.head.weight is model.tok_emb.weight
+    distinct = {id(p): p.numel() for p in model.parameters()}
+    assert count_params(model) == sum(distinct.values())
+    assert count_params(model) < sum(p.numel() for p in model.state_dict().values())  # head listed twice there
+
+
+@pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
+def test_causality_later_tokens_never_change_earlier_logits(kind, positions):
+    model = tiny(kind, positions)
+    x = tokens()
+    base, _ = model(x)
+    for t in (0, 5, T - 1):
+        changed = x.clone()
+        changed[:, t] = (changed[:, t] + 1 + torch.arange(B)) % V
+        out, _ = model(changed)
+        assert torch.allclose(out[:, :t], base[:, :t], atol=1e-6, rtol=0), f"position < {t} saw token {t}"
+        assert not torch.allclose(out[:, t], base[:, t]), "the changed token itself must matter"
+
+
+@pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
+def test_cached_decoding_equals_full_forward(kind, positions):
+    """Prefill 5 tokens, then one at a time, then a chunk of 3 on top of a filled cache."""
+    model = tiny(kind, positions)
+    x = tokens(t=14)
+    full, _ = model(x)
+    cache = model.new_cache(B)
+    pieces = [x[:, :5]] + [x[:, i : i + 1] for i in range(5, 11)] + [x[:, 11:14]]
+    out = []
+    with torch.no_grad():
+        for piece in pieces:
+            logits, _ = model(piece, cache=cache)
+            out.append(logits)
+    assert cache.pos == 14
+    torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+def test_transformer_refuses_to_run_past_its_context(positions):
+    model = tiny("transformer", positions)
+    with pytest.raises(ValueError, match="exceed the model's context of 16"):
+        model(tokens(t=17))
+    cache = model.new_cache(B)
+    model(tokens(t=16), cache=cache)
+    with pytest.raises(ValueError, match="17 positions"):
+        model(tokens(t=1), cache=cache)
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+def test_attention_capture(positions):
+    model = tiny("transformer", positions)
+    x = tokens()
+    plain, _ = model(x)
+    attn: list[torch.Tensor] = []
+    captured, _ = model(x, attn=attn)
+    torch.testing.assert_close(captured, plain, atol=1e-5, rtol=0)  # capturing changes nothing
+    assert len(attn) == 2  # one per layer
+    for w in attn:
+        assert w.shape == (B, 4, T, T)
+        torch.testing.assert_close(w.sum(-1), torch.ones(B, 4, T))
+        above = torch.ones(T, T, dtype=torch.bool).triu(1)
+        assert (w[..., above] == 0).all(), "a query attended to a later key"
+        assert (w[..., ~above] > 0).all()  # softmax: every allowed key gets some weight
+    # with a cache: the new query's row covers every cached key
+    cache = model.new_cache(B)
+    model(x[:, :-1], cache=cache)
+    step_attn: list[torch.Tensor] = []
+    last, _ = model(x[:, -1:], cache=cache, attn=step_attn)
+    torch.testing.assert_close(last[:, 0], plain[:, -1], atol=1e-4, rtol=0)
+    for w, full in zip(step_attn, attn):
+        assert w.shape == (B, 4, 1, T)
+        torch.testing.assert_close(w[:, :, 0], full[:, :, -1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
+def test_tiny_model_learns_a_repetitive_text(kind):
+    """A few dozen AdamW steps take the loss well below ln(vocab), the loss of a uniform guess."""
+    text = "the quick brown fox jumps over the lazy dog. " * 40
+    tok = CharTokenizer.train([text])
+    data = torch.tensor(tok.encode(text))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind=kind, vocab_size=tok.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(40):
+        ix = torch.randint(len(data) - 33, (16,), generator=gen)
+        w = torch.stack([data[i : i + 33] for i in ix])
+        _, loss = model(w[:, :-1], w[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.25 * math.log(tok.vocab_size), f"{kind}: loss {loss.item():.3f} vs ln(V) {math.log(tok.vocab_size):.3f}"
+
+
+def test_dropout_is_off_in_eval_mode():
+    model = tiny(dropout=0.5)
+    x = tokens()
+    a, _ = model(x)
+    b, _ = model(x)
+    assert torch.equal(a, b)
+    model.train()
+    c, _ = model(x)
+    assert not torch.allclose(a, c)
+
+
+# ---- config validation: messages a user can act on -----------------------------------------------
+
+BAD_MODEL = [
+    (dict(d_model=100, n_heads=3), "--d-model 100 is not divisible by --heads 3"),
+    (dict(n_heads=0), "--heads must be at least 1"),
+    (dict(n_layers=0), "--layers must be between 1 and 64"),
+    (dict(d_model=0), "--d-model must be between 1 and 16384"),
+    (dict(context=1), "--context must be between 2 and 65536"),
+    (dict(dropout=1.5), r"--dropout must be in \[0, 1\)"),
+    (dict(dropout=float("nan")), r"--dropout must be in \[0, 1\)"),
+    (dict(kind="mamba"), "unknown model 'mamba'"),
+    (dict(positions="alibi"), "unknown --positions 'alibi'"),
+    (dict(vocab_size=1), "vocabulary size must be at least 2"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_MODEL, ids=lambda v: str(v)[:40])
+def test_model_config_messages(change, message):
+    cfg = ModelConfig(**{**dict(vocab_size=10, d_model=32, n_heads=2), **change})
+    with pytest.raises(ConfigError, match=message):
+        cfg.validate()
+    with pytest.raises(ConfigError, match=message):
+        build_model(cfg)  # building validates too
+
+
+def test_rope_needs_an_even_head_size():
+    with pytest.raises(ConfigError, match=r"rope needs an even head size, but --d-model 6 / --heads 2 = 3"):
+        ModelConfig(vocab_size=10, d_model=6, n_heads=2).validate()
+    ModelConfig(vocab_size=10, d_model=6, n_heads=2, positions="learned").validate()  # fine without rope
+
+
+def test_rnn_ignores_transformer_only_settings():
+    cfg = ModelConfig(kind="lstm", vocab_size=10, d_model=33, n_heads=4).validate()  # 33 % 4: irrelevant here
+    assert isinstance(build_model(cfg), RNN)
+    assert isinstance(build_model(ModelConfig(vocab_size=10, d_model=32, n_heads=4)), Transformer)
+
+
+BAD_TRAIN = [
+    (dict(steps=0), "--steps must be at least 1, got 0"),
+    (dict(lr=-1), "--lr must be a positive learning rate below 10, got -1"),
+    (dict(lr=0), "--lr must be a positive"),
+    (dict(batch_size=0), "--batch-size must be at least 1"),
+    (dict(max_time=0), "--max-time must be positive"),
+    (dict(tokenizer="word"), "unknown --tokenizer 'word'"),
+    (dict(tokenizer="bpe", vocab_size=100), "--vocab-size must be between 257"),
+    (dict(eval_interval=0), "--eval-interval must be at least 1"),
+    (dict(eval_iters=0), "--eval-iters must be at least 1"),
+    (dict(device="tpu"), "unknown --device 'tpu'"),
+    (dict(weight_decay=-0.1), "--weight-decay must be at least 0"),
+    (dict(warmup=-1), "--warmup must be at least 0"),
+    (dict(val_fraction=1.0), "--val-fraction must be between 0 and 1"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_TRAIN, ids=lambda v: str(v)[:40])
+def test_train_config_messages(change, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**change).validate()
+
+
+def test_configs_round_trip_through_dicts():
+    m = ModelConfig(kind="gru", vocab_size=65, n_layers=2, d_model=48, dropout=0.1)
+    assert ModelConfig.from_dict(m.to_dict()) == m
+    t = TrainConfig(steps=7, max_time=3.5, lr=1e-3)
+    assert TrainConfig.from_dict({**t.to_dict(), "from_a_newer_version": 1}) == t  # unknown keys ignored
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("1.5h", 5400), ("120", 120), ("250ms", 0.25), ("2min", 120)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["abc", "", "-5s", "10 parsecs", "0s", "inf"])
+def test_parse_duration_refuses_nonsense(text):
+    with pytest.raises(ConfigError, match="duration"):
+        parse_duration(text)
+
+
+def test_presets_exist_for_every_family_and_validate():
+    for kind in ("transformer", "lstm", "gru"):
+        for name in ("tiny", "small", "medium"):
+            model, train = preset(kind, name)
+            ModelConfig(kind=kind, vocab_size=65, **model).validate()
+            TrainConfig(**train).validate()
+    with pytest.raises(ConfigError, match="unknown preset 'huge': choose one of tiny, small, medium"):
+        preset("transformer", "huge")

@@ -1,0 +1,288 @@
+"""The trainer: exact resume (N + N steps == 2N steps, bit for bit), Ctrl-C (a real SIGINT) saving a
+resumable checkpoint, divergence keeping the last good checkpoint, budgets, events and metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from charlm import checkpoint
+from charlm.checkpoint import CheckpointError
+from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.data import CorpusError
+from charlm.train import (Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at)
+
+TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: a second thread only contends
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "juliet.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def make(corpus, out, kind="transformer", dropout=0.0, resume=False, on_event=None, **train) -> Trainer:
+    model_cfg = ModelConfig(kind=kind, n_layers=2 if kind != "transformer" else 1, d_model=32, n_heads=2,
+                            context=16, dropout=dropout)
+    train_cfg = TrainConfig(**{**dict(steps=16, batch_size=4, lr=1e-2, warmup=3, eval_interval=5, eval_iters=2,
+                                      sample_tokens=0, device="cpu"), **train})
+    return Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event)
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_bit_identical(a, b, where: str = "") -> None:
+    """Nested dicts/lists of tensors and plain values, equal to the last bit."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_bit_identical(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bit_identical(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    else:
+        assert a == b, where
+
+
+# ---- exact resume -------------------------------------------------------------------------------
+
+
+RESUME_CASES = [  # kind, dropout, other training settings
+    ("transformer", 0.0, {}),
+    ("transformer", 0.1, {}),
+    ("transformer", 0.1, {"optimizer": "adamw", "grad_accum": 2}),
+    ("lstm", 0.1, {}),
+    ("gru", 0.0, {"optimizer": "adamw"}),
+]
+
+
+@pytest.mark.parametrize("kind,dropout,train", RESUME_CASES, ids=lambda v: str(v) if v != {} else "-")
+def test_resume_gives_the_same_weights_as_one_run(corpus, tmp_path, kind, dropout, train):
+    """N steps, a brand-new Trainer resuming from disk, N more steps == 2N steps in one go, bit for bit.
+    With dropout the global torch RNG must be restored too (a new Trainer reseeds it)."""
+    whole = make(corpus, tmp_path / "whole", kind, dropout, **train)
+    whole.fit()
+    first = make(corpus, tmp_path / "split", kind, dropout, **train)
+    first.fit(until=8)  # 8 is between evaluations: `until` saves anyway
+    halfway = weights(first.model)
+    second = make(corpus, tmp_path / "split", kind, dropout, resume=True, **train)
+    assert second.step == 8
+    assert_bit_identical(weights(second.model), halfway)
+    result = second.fit()
+    assert result.step == 16 and result.stopped == "steps"
+    assert_bit_identical(weights(second.model), weights(whole.model))
+    assert not torch.equal(halfway[next(iter(halfway))], weights(whole.model)[next(iter(halfway))])
+    # the optimizer state matches as well, so a third session would continue identically too
+    assert_bit_identical(second.optimizer.state_dict(), whole.optimizer.state_dict())
+
+
+def test_resume_restores_the_dropout_rng(corpus, tmp_path):
+    """The equality above is not luck: resuming with the wrong dropout RNG state gives other weights."""
+    whole = make(corpus, tmp_path / "whole", dropout=0.1)
+    whole.fit()
+    make(corpus, tmp_path / "split", dropout=0.1).fit(until=8)
+    second = make(corpus, tmp_path / "split", dropout=0.1, resume=True)
+    torch.manual_seed(12345)  # what a resume without the saved RNG state would run with
+    second.fit()
+    assert any(not torch.equal(a, b) for a, b in zip(weights(second.model).values(), weights(whole.model).values()))
+
+
+def test_metrics_log_continues_across_a_resume(corpus, tmp_path):
+    make(corpus, tmp_path / "run").fit(until=8)
+    make(corpus, tmp_path / "run", resume=True).fit()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 8, 10, 15, 16]
+    assert all(math.isfinite(r["val_loss"]) and r["val_bpc"] == pytest.approx(r["val_loss"] / math.log(2)) for r in rows)
+    elapsed = [r["elapsed"] for r in rows]
+    assert elapsed == sorted(elapsed)  # time trained accumulates across sessions
+    last = checkpoint.load_raw(tmp_path / "run" / "last.pt")
+    assert last["step"] == 16 and last["best_val_loss"] == min(r["val_loss"] for r in rows)
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------
+
+
+def test_sigint_saves_at_a_step_boundary_and_resumes_exactly(corpus, tmp_path):
+    """A real SIGINT arriving inside a step, just after optimizer.step(). Regression: the
+    KeyboardInterrupt used to surface right there and the save recorded the new weights with the old
+    step count, so the resumed run repeated a step. Now the step finishes, last.pt is saved at it,
+    TrainingInterrupted is raised, the default handler is back, and resuming matches one run."""
+    whole = make(corpus, tmp_path / "whole", dropout=0.1)
+    whole.fit()
+
+    armed = []
+
+    def arm_after_step_5(event):
+        if isinstance(event, Stepped) and event.step == 5:
+            armed.append(True)
+
+    def interrupt_in_step_6(optimizer, args, kwargs):  # after the first optimizer's step in step 6
+        if armed and armed.pop():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = make(corpus, tmp_path / "run", dropout=0.1, on_event=arm_after_step_5)
+    hook = register_optimizer_step_post_hook(interrupt_in_step_6)  # every optimizer, whatever the wrapper
+    try:
+        with pytest.raises(TrainingInterrupted) as e:
+            run.fit()
+    finally:
+        hook.remove()
+    assert e.value.result.step == 6 and e.value.result.stopped == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert checkpoint.load_raw(tmp_path / "run" / "last.pt")["step"] == 6
+    resumed = make(corpus, tmp_path / "run", dropout=0.1, resume=True)
+    resumed.fit()
+    assert_bit_identical(weights(resumed.model), weights(whole.model))
+
+
+def test_second_sigint_stops_at_once(corpus, tmp_path):
+    def two_interrupts(event):
+        if isinstance(event, Stepped) and event.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        make(corpus, tmp_path / "run", on_event=two_interrupts).fit()
+    assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-done was saved
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ---- divergence ---------------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+    run = make(corpus, tmp_path / "run")
+    run.fit(until=5)
+    last, best = (tmp_path / "run" / "last.pt").read_bytes(), (tmp_path / "run" / "best.pt").read_bytes()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with torch.no_grad():
+        run.model.blocks[0].mlp.fc.weight.fill_(float("nan"))  # the weights blow up
+    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 6: training stopped, and the last good "
+                                               r"checkpoint in .*run was kept; try a lower --lr \(now 0.01\)"):
+        run.fit()
+    assert (tmp_path / "run" / "last.pt").read_bytes() == last
+    assert (tmp_path / "run" / "best.pt").read_bytes() == best
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    assert math.isfinite(checkpoint.load(tmp_path / "run").model(torch.zeros(1, 4, dtype=torch.long))[0].sum().item())
+
+
+def test_infinite_gradient_norm_stops_before_the_weights_are_touched(corpus, tmp_path):
+    """Regression: a finite loss whose gradient norm overflowed went on: clipping scaled the gradients
+    to zero, AdamW still moved the weights, and the next evaluation saved the diverged model as last.pt."""
+    run = make(corpus, tmp_path / "run")
+    run.fit(until=5)
+    last = (tmp_path / "run" / "last.pt").read_bytes()
+    with torch.no_grad():
+        run.model.norm.weight.fill_(1e30)  # logits ~1e29: the loss is finite, the squared gradients are not
+    before = weights(run.model)
+    with pytest.raises(TrainingDiverged, match=r"the gradient norm became inf \(loss .*e\+\d\d\) at step 6"):
+        run.fit()
+    assert_bit_identical(weights(run.model), before)
+    assert (tmp_path / "run" / "last.pt").read_bytes() == last
+
+
+def test_divergence_before_any_checkpoint_leaves_nothing_behind(corpus, tmp_path):
+    run = make(corpus, tmp_path / "run")
+    with torch.no_grad():
+        run.model.tok_emb.weight.fill_(float("inf"))
+    with pytest.raises(TrainingDiverged, match="at step 1: training stopped, and nothing was saved"):
+        run.fit()
+    assert not (tmp_path / "run").exists()
+
+
+# ---- budgets, events, refusals ------------------------------------------------------------------
+
+
+def test_time_budget_stops_the_run_and_saves(corpus, tmp_path):
+    result = make(corpus, tmp_path / "run", steps=1_000_000, max_time=0.5).fit()
+    assert result.stopped == "time" and 0.5 <= result.train_seconds < 30
+    assert checkpoint.load_raw(tmp_path / "run" / "last.pt")["step"] == result.step > 0
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(steps=110, lr=1e-2, warmup=10, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0, 0) == pytest.approx(1e-3)  # warmup starts above zero
+    assert lr_at(cfg, 9, 0) == pytest.approx(1e-2)
+    assert lr_at(cfg, 60, 0) == pytest.approx(0.55e-2)  # halfway through the cosine
+    assert lr_at(cfg, 110, 0) == pytest.approx(1e-3)
+    timed = TrainConfig(steps=10**9, max_time=100, lr=1e-2, warmup=10)
+    assert lr_at(timed, 50, 50) == pytest.approx(0.55e-2)  # with a time budget, the clock drives the decay
+
+
+def test_events(corpus, tmp_path):
+    events = []
+    make(corpus, tmp_path / "run", on_event=events.append, steps=10).fit()
+    started = [e for e in events if isinstance(e, Started)]
+    stepped = [e.step for e in events if isinstance(e, Stepped)]
+    evaluated = [e for e in events if isinstance(e, Evaluated)]
+    assert len(started) == 1 and started[0].start_step == 0 and started[0].params > 0
+    assert stepped == list(range(1, 11))
+    assert [e.step for e in evaluated] == [5, 10] and evaluated[0].is_best
+    assert all(isinstance(e, Stepped) and math.isfinite(e.loss) for e in events if isinstance(e, Stepped))
+    resumed = []
+    make(corpus, tmp_path / "run", on_event=resumed.append, steps=12, resume=True).fit()
+    assert next(e for e in resumed if isinstance(e, Started)).start_step == 10
+
+
+def test_resume_refuses_another_text(corpus, tmp_path):
+    make(corpus, tmp_path / "run").fit(until=2)
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.upper(), encoding="utf-8")
+    with pytest.raises(ConfigError, match="other.txt is not the text this run was trained on"):
+        make(other, tmp_path / "run", resume=True)
+
+
+def test_resume_refuses_another_model_config(corpus, tmp_path):
+    """Regression: the Trainer trusted the caller's config and failed deep in load_state_dict."""
+    make(corpus, tmp_path / "run").fit(until=2)
+    model_cfg = ModelConfig(n_layers=1, d_model=64, n_heads=2, context=16)
+    train_cfg = TrainConfig(steps=16, batch_size=4, device="cpu", sample_tokens=0)
+    with pytest.raises(ConfigError, match=r"it was trained with d_model 32 \(now 64\)"):
+        Trainer(corpus, model_cfg, train_cfg, tmp_path / "run", resume=True)
+
+
+def test_resume_without_or_with_a_broken_checkpoint(corpus, tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        make(corpus, tmp_path / "nothing", resume=True)
+    make(corpus, tmp_path / "run").fit(until=2)
+    last = tmp_path / "run" / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        make(corpus, tmp_path / "run", resume=True)
+
+
+def test_corpus_shorter_than_a_context_window(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("too short for a window of 16 tokens" * 2, encoding="utf-8")
+    with pytest.raises(CorpusError, match="corpus too short"):
+        make(short, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_cuda_asked_but_absent(corpus, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(ConfigError, match="--device cuda was asked for, but PyTorch sees no CUDA GPU"):
+        make(corpus, tmp_path / "run", device="cuda")
