@@ -21,7 +21,7 @@ from rich.text import Text
 
 from charlm import checkpoint
 from charlm.checkpoint import CheckpointError
-from charlm.config import MODEL_KINDS, OPTIMIZERS, POSITIONS, PRESETS, ConfigError, ModelConfig, TrainConfig, parse_duration, preset
+from charlm.config import MODEL_KINDS, OPTIMIZERS, POSITIONS, PRECISIONS, PRESETS, ConfigError, ModelConfig, TrainConfig, parse_duration, preset
 from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.text import safe_text
@@ -88,9 +88,9 @@ def main():
 MODEL_FLAGS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "context": "context",
                "dropout": "dropout", "positions": "positions"}
 TRAIN_FLAGS = ("tokenizer", "vocab_size", "steps", "batch_size", "grad_accum", "lr", "optimizer", "muon_lr", "warmup", "weight_decay", "eval_interval",
-               "eval_iters", "seed", "device", "compile", "sample_tokens")
+               "eval_iters", "seed", "device", "precision", "compile", "sample_tokens")
 # what may change when resuming; everything else would make "continue this run" untrue
-RESUMABLE = {"steps", "max_time", "device", "compile", "eval_interval", "eval_iters", "sample_tokens"}
+RESUMABLE = {"steps", "max_time", "device", "precision", "compile", "eval_interval", "eval_iters", "sample_tokens"}
 
 
 def _default_out(corpus: str, kind: str, tokenizer: str) -> Path:
@@ -150,7 +150,7 @@ def _resume_configs(out: Path, given: dict, model_cfg: ModelConfig, train_cfg: T
             elif new != old:
                 raise UserError(
                     f"--resume: this run was trained with --{name.replace('_', '-')} {old}, not {new}; "
-                    f"only --steps, --max-time, --device, --compile and eval/sample settings may change"
+                    f"only --steps, --max-time, --device, --precision, --compile and eval/sample settings may change"
                 )
     if given & {"steps", "max_time"}:  # a new budget replaces the old one: --steps alone means no time limit
         old_train.steps, old_train.max_time = train_cfg.steps, train_cfg.max_time
@@ -193,6 +193,8 @@ def _resume_configs(out: Path, given: dict, model_cfg: ModelConfig, train_cfg: T
 @click.option("--sample-tokens", type=int, default=200, show_default=True, help="Length of the samples shown (0: none).")
 @click.option("--seed", type=int, default=1337, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.")
 @click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model.")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory [default: checkpoints/<corpus>-<model>-<tokenizer>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
@@ -226,7 +228,7 @@ def train(ctx, corpus, model, tokenizer, vocab_size, preset_name, out, resume, n
         batch_size=_given(flags["batch_size"], train_preset["batch_size"]), grad_accum=flags["grad_accum"],
         lr=_given(flags["lr"], train_preset["lr"]),
         optimizer=flags["optimizer"], muon_lr=flags["muon_lr"], warmup=flags["warmup"], weight_decay=flags["weight_decay"], eval_interval=flags["eval_interval"],
-        eval_iters=flags["eval_iters"], seed=flags["seed"], device=flags["device"], compile=flags["compile"],
+        eval_iters=flags["eval_iters"], seed=flags["seed"], device=flags["device"], precision=flags["precision"], compile=flags["compile"],
         sample_tokens=flags["sample_tokens"],
     )
     train_cfg.validate()  # the flags as given, before a checkpoint is even looked at

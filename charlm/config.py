@@ -14,6 +14,7 @@ POSITIONS = ("rope", "learned", "sinusoidal")
 TOKENIZERS = ("char", "bpe")
 PRESETS = ("tiny", "small", "medium")
 OPTIMIZERS = ("muon", "adamw")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class ConfigError(ValueError):
@@ -79,6 +80,7 @@ class TrainConfig:
     steps: int = 2000  # the run's total; --resume continues up to it
     max_time: float | None = None  # seconds; training stops (and the schedule ends) when it runs out
     batch_size: int = 32
+    precision: str = "auto"  # auto | fp32 | bf16: autocast dtype for matrix products (see train.autocast_dtype)
     grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum * processes
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
@@ -107,6 +109,7 @@ class TrainConfig:
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.precision in PRECISIONS, f"unknown --precision '{self.precision}': choose auto, fp32 or bf16")
         _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
         _check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -286,3 +286,30 @@ def test_cuda_asked_but_absent(corpus, tmp_path):
         pytest.skip("this machine has a CUDA GPU")
     with pytest.raises(ConfigError, match="--device cuda was asked for, but PyTorch sees no CUDA GPU"):
         make(corpus, tmp_path / "run", device="cuda")
+
+
+def test_precision_picks_the_autocast_dtype():
+    """fp32 never autocasts; bf16 always does; auto uses bf16 only where the CPU has bf16 instructions."""
+    from charlm.train import autocast_dtype
+
+    assert autocast_dtype("cpu", "fp32") is None
+    assert autocast_dtype("cpu", "bf16") == torch.bfloat16
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert autocast_dtype("cpu", "auto") == (torch.bfloat16 if native else None)
+
+
+def test_bf16_training_learns(tmp_path):
+    """A --precision bf16 run on the CPU learns like an fp32 one (weights stay float32)."""
+    text = "the quick brown fox jumps over the lazy dog. " * 200
+    corpus = tmp_path / "fox.txt"
+    corpus.write_text(text)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        model_cfg = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=32)
+        cfg = TrainConfig(steps=40, batch_size=8, lr=1e-2, warmup=5, eval_interval=40, eval_iters=2,
+                          sample_tokens=0, device="cpu", precision=precision)
+        run = Trainer(corpus, model_cfg, cfg, tmp_path / precision)
+        losses[precision] = run.fit().last_val_loss
+        assert all(p.dtype == torch.float32 for p in run.model.parameters())
+    assert losses["bf16"] < 0.5 * math.log(model_cfg.vocab_size)
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.25
