@@ -16,6 +16,7 @@ import json
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ import torch
 from charlm.config import ModelConfig, TrainConfig, preset
 from charlm.data import Batches, load_tokens, prepare
 from charlm.models import build_model
-from charlm.train import Evaluated, Stepped, Trainer, make_optimizer
+from charlm.train import Evaluated, Stepped, Trainer, autocast_dtype, make_optimizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"
 
@@ -67,7 +68,7 @@ def train_once(name: str, model_cfg: ModelConfig, train_cfg: TrainConfig) -> dic
     }
 
 
-def lstm_speed(steps: int = 30) -> dict:
+def lstm_speed(precision: str, steps: int = 30) -> dict:
     """Training throughput (chars/s) of a 2-layer 256-wide LSTM at batch 64, context 64."""
     tok, path, _ = prepare(CORPUS, "char", None)
     batches = Batches(load_tokens(path), context=64)
@@ -75,18 +76,21 @@ def lstm_speed(steps: int = 30) -> dict:
     model = build_model(cfg)
     opt = make_optimizer(model, TrainConfig(optimizer="adamw"), "cpu")
     gen = torch.Generator().manual_seed(0)
+    dtype = autocast_dtype("cpu", precision)  # as the trainer does
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype else nullcontext()
     times = []
     for i in range(steps + 5):
         t0 = time.perf_counter()
         x, y = batches.get_batch("train", 64, gen)
-        _, loss = model(x, y)
+        with autocast:
+            _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         if i >= 5:  # skip warm-up steps
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    return {"name": "lstm 2x256 b64 t64", "ms_per_step": round(med * 1000, 1), "chars_per_s": round(64 * 64 / med)}
+    return {"name": f"lstm 2x256 b64 t64 {precision}", "autocast": str(dtype), "ms_per_step": round(med * 1000, 1), "chars_per_s": round(64 * 64 / med)}
 
 
 def main() -> None:
@@ -98,8 +102,9 @@ def main() -> None:
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     if args.lstm_speed:
-        for _ in range(args.repeat):
-            print(json.dumps(lstm_speed()), flush=True)
+        for _ in range(args.repeat):  # alternate, so noise hits both alike
+            for precision in ("fp32", "auto"):
+                print(json.dumps(lstm_speed(precision)), flush=True)
         return
     variants = {
         "reference": lambda: reference(args.budget),
