@@ -1,7 +1,52 @@
+"""Shared fixtures: every test gets its own token cache and runs torch on one thread; tiny checkpoints
+are trained once per test session for the tests that need a trained model."""
 
-# ---- compare / eval (issue 5): tiny checkpoints trained once per test session -------------------
+from __future__ import annotations
 
-import pytest as _cmp_pytest
+from pathlib import Path
+
+import pytest
+import torch
+
+from charlm.config import ModelConfig, TrainConfig
+from charlm.train import Trainer
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny models run faster on one thread, and far faster when another process shares the cores
+    (two threads then mostly wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+def train_runs(root: Path, text: str, specs: dict[str, tuple[ModelConfig, TrainConfig]]) -> dict[str, Path]:
+    """Train each (model, train) config on `text` for its few steps; returns run directories by name."""
+    corpus = root / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHARLM_CACHE", str(root / "cache"))
+        for name, (model_cfg, train_cfg) in specs.items():
+            Trainer(corpus, model_cfg, train_cfg, root / name).fit()
+            runs[name] = root / name
+    return runs
+
+
+def tiny_train(steps: int, **kw) -> TrainConfig:
+    settings = dict(steps=steps, batch_size=8, lr=1e-2, warmup=5, eval_interval=steps, eval_iters=1,
+                    sample_tokens=0, device="cpu")
+    return TrainConfig(**{**settings, **kw})
+
+
+# ---- compare / eval: an LSTM and a Transformer on chars, a Transformer on BPE -------------------
 
 CMP_TEXT = (
     "the cat sat on the mat, and the dog ran to the log.\n"
@@ -10,41 +55,26 @@ CMP_TEXT = (
 ) * 45
 
 
-@_cmp_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def cmp_corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("cmp") / "rhymes.txt"
     path.write_text(CMP_TEXT, encoding="utf-8")
     return path
 
 
-@_cmp_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def cmp_runs(cmp_corpus, tmp_path_factory):
-    """Run directories of three tiny models, 30 steps each: an LSTM and a Transformer on chars, a
-    Transformer on BPE. Keys: "lstm", "tf", "bpe"."""
-    from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Trainer
-
-    import torch
-
-    root = tmp_path_factory.mktemp("cmp-runs")
-    runs = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: a second thread only adds contention on a shared 2-core machine
-    with _cmp_pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CHARLM_CACHE", str(root / "cache"))
-        for name, kind, tokenizer in (("lstm", "lstm", "char"), ("tf", "transformer", "char"), ("bpe", "transformer", "bpe")):
-            model_cfg = ModelConfig(kind=kind, n_layers=1, d_model=32, n_heads=2, context=32)
-            train_cfg = TrainConfig(tokenizer=tokenizer, vocab_size=300, steps=30, batch_size=8, lr=1e-2, warmup=5,
-                                    eval_interval=30, eval_iters=2, sample_tokens=0, device="cpu")
-            Trainer(cmp_corpus, model_cfg, train_cfg, root / f"cmp-{name}").fit()
-            runs[name] = root / f"cmp-{name}"
-    torch.set_num_threads(threads)
-    return runs
+    """Run directories of three tiny models, 30 steps each. Keys: "lstm", "tf", "bpe"."""
+    size = dict(n_layers=1, d_model=32, n_heads=2, context=32)
+    runs = train_runs(tmp_path_factory.mktemp("cmp-runs"), CMP_TEXT, {
+        "cmp-lstm": (ModelConfig(kind="lstm", **size), tiny_train(30, eval_iters=2)),
+        "cmp-tf": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2)),
+        "cmp-bpe": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2, tokenizer="bpe", vocab_size=300)),
+    })
+    return {name.removeprefix("cmp-"): path for name, path in runs.items()}
 
 
-# ---- viewers: attn, gates (issue 4): tiny checkpoints trained once per test session -------------
-
-import pytest as _view_pytest
+# ---- viewers: char Transformer, BPE Transformer, LSTM, GRU (2 layers each) ---------------------
 
 VIEW_TEXT = (
     "ROMEO:\nBut soft, what light through yonder window breaks?\n"
@@ -52,37 +82,20 @@ VIEW_TEXT = (
 ) * 40
 
 
-@_view_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def view_runs(tmp_path_factory):
-    """Run directories of four tiny models, 20 steps each: char Transformer (2 layers × 2 heads), BPE
-    Transformer, char LSTM and char GRU (2 layers each). Keys: "tf", "bpe", "lstm", "gru"."""
-    from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Trainer
-
-    import torch
-
-    root = tmp_path_factory.mktemp("view-runs")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is faster, and far faster on a busy machine
-    corpus = root / "plays.txt"
-    corpus.write_text(VIEW_TEXT, encoding="utf-8")
-    runs = {}
-    with _view_pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CHARLM_CACHE", str(root / "cache"))
-        for name, kind, tokenizer in (("tf", "transformer", "char"), ("bpe", "transformer", "bpe"),
-                                      ("lstm", "lstm", "char"), ("gru", "gru", "char")):
-            model_cfg = ModelConfig(kind=kind, n_layers=2, d_model=32, n_heads=2, context=48)
-            train_cfg = TrainConfig(tokenizer=tokenizer, vocab_size=300, steps=20, batch_size=8, lr=1e-2, warmup=5,
-                                    eval_interval=20, eval_iters=1, sample_tokens=0, device="cpu")
-            Trainer(corpus, model_cfg, train_cfg, root / f"view-{name}").fit()
-            runs[name] = root / f"view-{name}"
-    torch.set_num_threads(threads)
-    return runs
+    """Run directories of four tiny models, 20 steps each. Keys: "tf", "bpe", "lstm", "gru"."""
+    size = dict(n_layers=2, d_model=32, n_heads=2, context=48)
+    runs = train_runs(tmp_path_factory.mktemp("view-runs"), VIEW_TEXT, {
+        "view-tf": (ModelConfig(kind="transformer", **size), tiny_train(20)),
+        "view-bpe": (ModelConfig(kind="transformer", **size), tiny_train(20, tokenizer="bpe", vocab_size=300)),
+        "view-lstm": (ModelConfig(kind="lstm", **size), tiny_train(20)),
+        "view-gru": (ModelConfig(kind="gru", **size), tiny_train(20)),
+    })
+    return {name.removeprefix("view-"): path for name, path in runs.items()}
 
 
-# ---- generation: sample, chat (issue 3): tiny checkpoints trained once per test session ---------
-
-import pytest as _gen_pytest
+# ---- generation: a Transformer that memorised hostile text, and an LSTM ------------------------
 
 # A text the model learns by heart, full of Rich markup and terminal escapes (an OSC title change, a
 # BEL, colour codes): sample and chat must show them as harmless visible text.
@@ -93,31 +106,13 @@ GEN_TEXT = (
 ) * 60
 
 
-@_gen_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def gen_runs(tmp_path_factory):
-    """Run directories: "tf", a char Transformer (1 layer × 48, context 48) trained for 80 steps, which
-    has memorised GEN_TEXT; "lstm", a char LSTM trained for 3 steps. Trained on one thread (two
-    threads on a busy 2-core machine are several times slower)."""
-    import torch
-
-    from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Trainer
-
-    root = tmp_path_factory.mktemp("gen-runs")
-    corpus = root / "verona.txt"
-    corpus.write_text(GEN_TEXT, encoding="utf-8")
-    runs = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with _gen_pytest.MonkeyPatch.context() as mp:
-            mp.setenv("CHARLM_CACHE", str(root / "cache"))
-            for name, kind, steps in (("tf", "transformer", 80), ("lstm", "lstm", 3)):
-                model_cfg = ModelConfig(kind=kind, n_layers=1, d_model=48, n_heads=2, context=48)
-                train_cfg = TrainConfig(tokenizer="char", steps=steps, batch_size=16, lr=1e-2, warmup=10,
-                                        eval_interval=steps, eval_iters=1, sample_tokens=0, device="cpu")
-                Trainer(corpus, model_cfg, train_cfg, root / f"gen-{name}").fit()
-                runs[name] = root / f"gen-{name}"
-    finally:
-        torch.set_num_threads(threads)
-    return runs
+    """"tf": a char Transformer (1 layer × 48, context 48) trained for 80 steps, which has memorised
+    GEN_TEXT; "lstm": a char LSTM trained for 3 steps."""
+    size = dict(n_layers=1, d_model=48, n_heads=2, context=48)
+    runs = train_runs(tmp_path_factory.mktemp("gen-runs"), GEN_TEXT, {
+        "gen-tf": (ModelConfig(kind="transformer", **size), tiny_train(80, batch_size=16, warmup=10)),
+        "gen-lstm": (ModelConfig(kind="lstm", **size), tiny_train(3, batch_size=16, warmup=10)),
+    })
+    return {name.removeprefix("gen-"): path for name, path in runs.items()}

@@ -25,17 +25,6 @@ ROW = re.compile(r"^\s*(\d+) ")
 NOTE = 5  # " 0.93" at the right of each map row
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is faster, and far faster on a busy machine
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,6 @@ from charlm.train import Trainer
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: a second thread only contends
-    yield
-    torch.set_num_threads(n)
-
 
 def trainer(tmp_path: Path, kind: str = "transformer", out: str = "run", **train) -> Trainer:
     corpus = tmp_path / "romeo.txt"

@@ -32,14 +32,6 @@ TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "
         "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "5", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: a second thread only contends
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:

@@ -20,19 +20,6 @@ from charlm.views.compare import Comparison
 from charlm.views.text import safe_text
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # these models are tiny: on the shared 2-core machine a second intra-op thread only adds contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])

@@ -26,11 +26,6 @@ TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "
         "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "2"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "juliet.txt"

@@ -36,14 +36,9 @@ TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+def no_torchrun_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # in case pytest itself runs under torchrun
         monkeypatch.delenv(name, raising=False)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: a second thread only contends
-    yield
-    torch.set_num_threads(n)
 
 
 def write_corpus(path: Path) -> Path:

@@ -20,19 +20,6 @@ from charlm.tokenizer import BPETokenizer, CharTokenizer
 TEXT = "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. 中文 😀\n" * 3
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # these models are tiny: on the shared 2-core machine a second intra-op thread only adds contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny(kind: str, vocab_size: int, context: int, seed: int = 0):
     torch.manual_seed(seed)

@@ -25,17 +25,6 @@ TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO R
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is faster, and far faster on a busy machine
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

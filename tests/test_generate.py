@@ -17,15 +17,6 @@ from charlm.tokenizer import BPETokenizer, CharTokenizer
 CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one thread is faster, and the tests stay deterministic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def model_of(kind="transformer", positions="rope", vocab=CHARS.vocab_size, context=16, layers=2, d_model=32, heads=4,
              scale=0.3, seed=0):
     """A random model with large weights, so logits are O(1..10) and a 1e-4 agreement means something."""
@@ -364,14 +355,17 @@ def test_five_thousand_tokens_with_a_tiny_context(kind):
 def test_generation_leaves_the_thread_count_alone_even_when_streams_interleave():
     """Generation runs torch on one thread; interleaved streams (as compare runs them) must still
     leave the caller's thread count as it was."""
-    torch.set_num_threads(2)
-    model = model_of()
-    a = Generator(model, CHARS).stream(CHARS.encode("a"), SampleConfig(max_tokens=5, seed=0))
-    b = Generator(model, CHARS).stream(CHARS.encode("b"), SampleConfig(max_tokens=5, seed=0))
-    next(a)
-    next(b)
-    assert torch.get_num_threads() == 1
-    list(a)
-    assert torch.get_num_threads() == 1  # b still runs
-    list(b)
-    assert torch.get_num_threads() == 2
+    try:
+        torch.set_num_threads(2)
+        model = model_of()
+        a = Generator(model, CHARS).stream(CHARS.encode("a"), SampleConfig(max_tokens=5, seed=0))
+        b = Generator(model, CHARS).stream(CHARS.encode("b"), SampleConfig(max_tokens=5, seed=0))
+        next(a)
+        next(b)
+        assert torch.get_num_threads() == 1
+        list(a)
+        assert torch.get_num_threads() == 1  # b still runs
+        list(b)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # as the session runs

@@ -12,17 +12,9 @@ from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration,
 from charlm.models import RNN, Transformer, build_model, count_params
 from charlm.tokenizer import CharTokenizer
 
+
 V, B, T = 23, 2, 12
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread only waits for the busy core
-    (measured 20-50x slower under load), so these tests use one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 KINDS = [("transformer", "rope"), ("transformer", "learned"), ("transformer", "sinusoidal"), ("lstm", None), ("gru", None)]
 IDS = [f"{k}-{p}" if p else k for k, p in KINDS]
 

@@ -20,10 +20,6 @@ ESCAPES = "[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m\n"
 BEFORE_ESCAPES = "window breaks?\n"  # a prompt the model continues with ESCAPES
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-
 
 def run(*args, input=None):
     return CliRunner().invoke(main, ["sample", *map(str, args)], input=input)

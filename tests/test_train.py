@@ -22,14 +22,6 @@ from charlm.train import (Evaluated, Started, Stepped, Trainer, TrainingDiverged
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: a second thread only contends
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:

@@ -12,7 +12,6 @@ control characters (ESC, BEL, ...) appear as visible escapes instead of reaching
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import sys
@@ -29,6 +28,8 @@ from charlm.data import cache_dir
 from charlm.generate import Generator, SampleConfig
 from charlm.models import count_params
 from charlm.tokenizer import UNKNOWN_POLICIES, UnknownCharactersError
+from charlm.views.attention import show_attention
+from charlm.views.gates import show_gates
 from charlm.views.text import safe_text
 
 COMMANDS = {
@@ -318,15 +319,7 @@ class Repl:
             raise Hint(f"this {self.ckpt.model_config.kind} has no attention; /gates shows its gates")
         if name == "gates" and has_attention:
             raise Hint("a transformer has no gates; /attn shows its attention")
-        module, func = {"attn": ("charlm.views.attention", "show_attention"), "gates": ("charlm.views.gates", "show_gates")}[name]
-        try:
-            show = getattr(importlib.import_module(module), func)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise Hint(f"/{name} is not yet available") from None
-        except AttributeError:
-            raise Hint(f"/{name} is not yet available") from None
+        show = show_attention if name == "attn" else show_gates
         if not self.gen.ids:
             raise Hint(f"there is no text yet: type a prompt, then /{name}")
         try:
