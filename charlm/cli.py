@@ -509,6 +509,23 @@ def chat(ckpt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, 
 # ---- viewers: attn, gates -----------------------------------------------------------------------
 
 
+def viewer_options(command):
+    """The options attn and gates share: what text to look at, and how much of it fits."""
+    for option in reversed([
+        click.argument("ckpt", type=click.Path(path_type=str)),
+        click.option("--prompt", "-p", required=True, help="The text to look at."),
+        click.option("--layer", type=int, help="Layer (from 0) [default: the last]."),
+        click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit]."),
+        click.option("--end", type=int, help="Show the tokens before this position [default: the end]."),
+        click.option("--width", type=int, help="Width in characters [default: the terminal's]."),
+        click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels."),
+        click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
+                     help="Characters the model never saw (char models)."),
+    ]):
+        command = option(command)
+    return command
+
+
 def _viewer_input(ckpt: str, prompt: str, unknown: str, width: int | None):
     """(checkpoint, prompt ids, console) shared by attn and gates."""
     if width is not None and width < 20:
@@ -523,23 +540,15 @@ def _viewer_input(ckpt: str, prompt: str, unknown: str, width: int | None):
 
 
 @main.command()
-@click.argument("ckpt", type=click.Path(path_type=str))
-@click.option("--prompt", "-p", required=True, help="The text to look at.")
-@click.option("--layer", type=int, help="Layer (from 0) [default: the last].")
+@viewer_options
 @click.option("--head", type=int, help="Head (from 0) [default: the mean over heads].")
 @click.option("--mean", is_flag=True, help="The mean over the layer's heads.")
 @click.option("--overview", is_flag=True, help="Every layer × head as small maps.")
 @click.option("--stats", is_flag=True, help="Entropy and mean distance of every head.")
 @click.option("--focus", type=str, help="One token (a position, negative from the end, or its text): what it looked at.")
 @click.option("--top", type=int, default=10, show_default=True, help="Keys listed by --focus.")
-@click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit].")
-@click.option("--end", type=int, help="Show the tokens before this position [default: the end].")
-@click.option("--width", type=int, help="Width in characters [default: the terminal's].")
 @click.option("--scale", type=click.Choice(["row", "abs"]), default="row", show_default=True,
               help="Shade by each row's largest weight, or absolute (1 = darkest).")
-@click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels.")
-@click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
-              help="Characters the model never saw (char models).")
 def attn(ckpt, prompt, layer, head, mean, overview, stats, focus, top, tokens, end, width, scale, ascii, unknown):
     """Show a transformer's attention on --prompt as terminal heat maps (by default: the last layer,
     mean over heads)."""
@@ -556,16 +565,8 @@ def attn(ckpt, prompt, layer, head, mean, overview, stats, focus, top, tokens, e
 
 
 @main.command()
-@click.argument("ckpt", type=click.Path(path_type=str))
-@click.option("--prompt", "-p", required=True, help="The text to look at.")
-@click.option("--layer", type=int, help="Layer (from 0) [default: the last].")
+@viewer_options
 @click.option("--units", type=str, help="How many units (those whose gates change most; default 8), or which: 3,17,42.")
-@click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit].")
-@click.option("--end", type=int, help="Show the tokens before this position [default: the end].")
-@click.option("--width", type=int, help="Width in characters [default: the terminal's].")
-@click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels.")
-@click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
-              help="Characters the model never saw (char models).")
 def gates(ckpt, prompt, layer, units, tokens, end, width, ascii, unknown):
     """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over --prompt."""
     from charlm.views.gates import GateOptions, parse_units, render_gates

@@ -3,8 +3,11 @@ are trained once per test session for the tests that need a trained model."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
+import pexpect
 import pytest
 import torch
 
@@ -25,6 +28,23 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def chat_pty(tmp_path):
+    """Start `charlm chat RUN ARGS...` in a real pseudo-terminal (100 × 40); closed after the test."""
+    children = []
+
+    def spawn(run: Path, *args: str) -> pexpect.spawn:
+        env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+        child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(run), *args], env=env,
+                              dimensions=(40, 100), encoding="utf-8", timeout=60)
+        children.append(child)
+        return child
+
+    yield spawn
+    for child in children:
+        child.close()
 
 
 def train_runs(root: Path, text: str, specs: dict[str, tuple[ModelConfig, TrainConfig]]) -> dict[str, Path]:

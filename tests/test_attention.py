@@ -7,6 +7,7 @@ import math
 import re
 
 import numpy as np
+import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
@@ -335,29 +336,19 @@ def test_cli_attn_wrong_model_prompt_and_checkpoint(view_runs, tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_attn_in_chat_in_a_real_terminal(view_runs, tmp_path):
+def test_attn_in_chat_in_a_real_terminal(view_runs, chat_pty):
     """/attn in `charlm chat` draws the map of the running text; /gates on a transformer points to /attn."""
-    import os
-    import sys
-
-    import pexpect
-
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(view_runs["tf"]), "--max-tokens", "5",
-                                           "--seed", "1"], env=env, dimensions=(40, 100), encoding="utf-8", timeout=60)
-    try:
-        child.expect_exact(">>> ")
-        child.sendline("ROMEO:")
-        child.expect_exact(">>> ")
-        child.sendline("/attn 0 1 tokens 8")
-        child.expect_exact(">>> ")
-        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
-        assert "layer 0, head 1" in screen and "tokens 3..10 of 11" in screen  # 6 typed + 5 generated tokens
-        assert len([line for line in screen.splitlines() if ROW.match(line)]) == 8
-        child.sendline("/gates")
-        child.expect_exact(">>> ")
-        assert "/attn" in child.before
-        child.sendeof()
-        child.expect(pexpect.EOF)
-    finally:
-        child.close()
+    child = chat_pty(view_runs["tf"], "--max-tokens", "5", "--seed", "1")
+    child.expect_exact(">>> ")
+    child.sendline("ROMEO:")
+    child.expect_exact(">>> ")
+    child.sendline("/attn 0 1 tokens 8")
+    child.expect_exact(">>> ")
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    assert "layer 0, head 1" in screen and "tokens 3..10 of 11" in screen  # 6 typed + 5 generated tokens
+    assert len([line for line in screen.splitlines() if ROW.match(line)]) == 8
+    child.sendline("/gates")
+    child.expect_exact(">>> ")
+    assert "/attn" in child.before
+    child.sendeof()
+    child.expect(pexpect.EOF)

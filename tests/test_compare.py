@@ -9,7 +9,6 @@ import sys
 
 import pexpect
 import pytest
-import torch
 from click.testing import CliRunner
 from rich.console import Console
 

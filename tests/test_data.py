@@ -17,7 +17,7 @@ from charlm.data import (
     load_tokens,
     prepare,
 )
-from charlm.tokenizer import BPETokenizer, CharTokenizer
+from charlm.tokenizer import CharTokenizer
 
 TEXT = "First line, plain ASCII.\nSecond: 中文 and émoji 😀\n\nThird\tline with tab.\n" * 40
 

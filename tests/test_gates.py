@@ -6,6 +6,7 @@ import io
 import re
 
 import numpy as np
+import pexpect
 import pytest
 import torch
 import torch.nn as nn
@@ -223,29 +224,19 @@ def test_cli_gates_errors_are_one_line(view_runs, run_name, args, message):
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_gates_in_chat_in_a_real_terminal(view_runs, tmp_path):
+def test_gates_in_chat_in_a_real_terminal(view_runs, chat_pty):
     """/gates in `charlm chat` draws the gates of the running text; /attn on an LSTM points to /gates."""
-    import os
-    import sys
-
-    import pexpect
-
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(view_runs["lstm"]), "--max-tokens", "5",
-                                           "--seed", "1"], env=env, dimensions=(40, 100), encoding="utf-8", timeout=60)
-    try:
-        child.expect_exact(">>> ")
-        child.sendline("ROMEO:")
-        child.expect_exact(">>> ")
-        child.sendline("/gates 0 units 3")
-        child.expect_exact(">>> ")
-        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
-        assert "LSTM layer 0: 3 of 32 units" in screen and "forget gate" in screen and "cell state" in screen
-        assert len([line for line in screen.splitlines() if UNIT_ROW.match(line)]) == 4 * 3  # f, i, o, c
-        child.sendline("/attn")
-        child.expect_exact(">>> ")
-        assert "/gates" in child.before
-        child.sendeof()
-        child.expect(pexpect.EOF)
-    finally:
-        child.close()
+    child = chat_pty(view_runs["lstm"], "--max-tokens", "5", "--seed", "1")
+    child.expect_exact(">>> ")
+    child.sendline("ROMEO:")
+    child.expect_exact(">>> ")
+    child.sendline("/gates 0 units 3")
+    child.expect_exact(">>> ")
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    assert "LSTM layer 0: 3 of 32 units" in screen and "forget gate" in screen and "cell state" in screen
+    assert len([line for line in screen.splitlines() if UNIT_ROW.match(line)]) == 4 * 3  # f, i, o, c
+    child.sendline("/attn")
+    child.expect_exact(">>> ")
+    assert "/gates" in child.before
+    child.sendeof()
+    child.expect(pexpect.EOF)

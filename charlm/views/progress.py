@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import shlex
-import time
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
