@@ -10,31 +10,32 @@ import pickle
 import secrets
 import warnings
 import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from charlm.config import ModelConfig, TrainConfig
+from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.models import build_model
 
 FORMAT = "charlm-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
 
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used, with a message that says why."""
 
 
-def save(payload: dict, path: str | Path) -> None:
-    """Write payload to path atomically: readers see the old file or the new one, never half of one."""
+def save(saved: "Saved | dict", path: str | Path) -> None:
+    """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one."""
+    payload = saved.to_payload() if isinstance(saved, Saved) else saved
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -43,22 +44,110 @@ def save(payload: dict, path: str | Path) -> None:
         raise
 
 
-def resolve(path: str | Path, which: str = "best") -> Path:
+def resolve(path: str | Path) -> Path:
     """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"no such checkpoint: {p}")
     if p.is_dir():
-        for name in (f"{which}.pt", "best.pt", "last.pt"):
+        for name in ("best.pt", "last.pt"):
             if (p / name).is_file():
                 return p / name
         raise CheckpointError(f"{p} holds no checkpoint (best.pt or last.pt): train one with 'charlm train'")
     return p
 
 
-# what every checkpoint holds; resuming also needs the training state
+@dataclass(kw_only=True)
+class Corpus:
+    """The text a run was trained on."""
+
+    name: str
+    sha256: str
+    train_tokens: int
+    val_tokens: int
+    chars_per_token: float
+
+
+@dataclass(kw_only=True)
+class Saved:
+    """Everything a checkpoint file holds, typed: the one schema, written by the trainer and read by
+    every command. The training state (optimizer, rng, corpus) is what a resume needs beyond the rest."""
+
+    run_name: str
+    model_config: ModelConfig
+    train_config: TrainConfig
+    tokenizer: str  # the tokenizer as JSON (never pickled)
+    model: dict  # the plain module's state dict
+    step: int
+    train_seconds: float
+    best_val_loss: float | None  # None: no evaluation yet
+    best_val_bpc: float | None
+    params: int | None = None
+    device: str | None = None
+    metrics: dict | None = None  # the evaluation this file was written at
+    corpus: Corpus | None = None
+    optimizer: dict | None = None
+    rng: dict | None = None  # data and torch generators (and cuda); under torchrun "ranks": one per rank
+    scaler: dict | None = None  # fp16's GradScaler
+    world_size: int = 1  # processes that trained it: each rank's batches are part of the run
+    weights_sha256: list[str] | None = None  # every rank's weights digest (several processes only)
+
+    def to_payload(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["model_config"], d["train_config"] = self.model_config.to_dict(), self.train_config.to_dict()
+        d["corpus"] = asdict(self.corpus) if self.corpus else None
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    @classmethod
+    def from_payload(cls, data: dict, path: Path) -> "Saved":
+        """Check every field's type (a file's content is input like any other) and build the schema."""
+        if data.get("version") == 1:
+            data = _from_v1(data)
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
+        for name, types in TYPES.items():
+            value = data.get(name)
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+                raise CheckpointError(f"{path} is a damaged charlm checkpoint ({name} is a {type(value).__name__}, "
+                                      f"not a {' or '.join(t.__name__ for t in types)})")
+        try:
+            model_config = ModelConfig.from_dict(data["model_config"]).validate()
+            train_config = TrainConfig.from_dict(data["train_config"]).validate()
+            corpus = Corpus(**data["corpus"]) if data.get("corpus") is not None else None
+        except (ConfigError, TypeError) as e:
+            raise CheckpointError(f"{path} is an incompatible charlm checkpoint ({_last_words(e)})") from None
+        known = {f.name for f in fields(cls)}
+        rest = {k: v for k, v in data.items() if k in known and k not in ("model_config", "train_config", "corpus")}
+        return cls(**{**rest, "run_name": data.get("run_name") or path.parent.name, "model_config": model_config,
+                      "train_config": train_config, "corpus": corpus})
+
+    def require_training_state(self, path: Path) -> None:
+        missing = [k for k in ("optimizer", "rng", "corpus") if getattr(self, k) is None]
+        if missing:
+            raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
+
+
+# what every checkpoint holds, and the types of the plain values (checked on read)
 REQUIRED = ("model_config", "train_config", "tokenizer", "model", "step", "train_seconds", "best_val_loss", "best_val_bpc")
-TRAINING_STATE = ("optimizer", "rng", "corpus")
+_NUMBER = (int, float)
+TYPES = {"run_name": (str,), "model_config": (dict,), "train_config": (dict,), "tokenizer": (str,), "model": (dict,),
+         "step": (int,), "train_seconds": _NUMBER, "best_val_loss": _NUMBER, "best_val_bpc": _NUMBER, "params": (int,),
+         "device": (str,), "metrics": (dict,), "corpus": (dict,), "optimizer": (dict,), "rng": (dict,),
+         "scaler": (dict,), "world_size": (int,), "weights_sha256": (list,)}
+
+
+def _from_v1(data: dict) -> dict:
+    """A format-1 file as format 2: inf meant "no evaluation yet", and the process count lived in a
+    "distributed" dict."""
+    data = dict(data)
+    for key in ("best_val_loss", "best_val_bpc"):
+        if isinstance(data.get(key), float) and data[key] == float("inf"):
+            data[key] = None
+    dist = data.pop("distributed", None)
+    if isinstance(dist, dict):
+        data["world_size"], data["weights_sha256"] = dist.get("world_size", 1), dist.get("weights_sha256")
+    return data
 
 
 def _read(p: Path, map_location) -> object:
@@ -95,9 +184,9 @@ def _last_words(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
-def load_raw(path: str | Path, map_location="cpu", required: tuple[str, ...] = REQUIRED) -> dict:
-    """The checkpoint's contents as plain data. weights_only=True: tensors and plain containers only,
-    so a crafted file cannot run code while loading."""
+def read(path: str | Path, map_location="cpu") -> Saved:
+    """The checkpoint's contents, typed. weights_only=True: tensors and plain containers only, so a
+    crafted file cannot run code while loading."""
     p = resolve(path)
     data = _read(p, map_location)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -107,10 +196,7 @@ def load_raw(path: str | Path, map_location="cpu", required: tuple[str, ...] = R
         raise CheckpointError(f"{p} is not a charlm checkpoint (no format version)")
     if version > VERSION:
         raise CheckpointError(f"{p} was written by a newer charlm (format {version}): upgrade charlm")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise CheckpointError(f"{p} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
-    return data
+    return Saved.from_payload(data, p)
 
 
 @dataclass
@@ -119,28 +205,32 @@ class Checkpoint:
 
     path: Path
     model: torch.nn.Module
-    model_config: ModelConfig
-    train_config: TrainConfig
     tokenizer: object
-    data: dict
+    saved: Saved
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.saved.model_config
+
+    @property
+    def train_config(self) -> TrainConfig:
+        return self.saved.train_config
 
     @property
     def name(self) -> str:
-        return self.data.get("run_name") or self.path.parent.name
+        return self.saved.run_name
 
 
 def load(path: str | Path, device: str = "cpu") -> Checkpoint:
     from charlm.tokenizer import tokenizer_from_json
 
     p = resolve(path)
-    data = load_raw(p, map_location=device)
+    saved = read(p, map_location=device)
     try:
-        model_cfg = ModelConfig.from_dict(data["model_config"]).validate()
-        train_cfg = TrainConfig.from_dict(data["train_config"])
-        tokenizer = tokenizer_from_json(data["tokenizer"])
-        model = build_model(model_cfg)
-        model.load_state_dict(data["model"])
+        tokenizer = tokenizer_from_json(saved.tokenizer)
+        model = build_model(saved.model_config)
+        model.load_state_dict(saved.model)
     except Exception as e:  # any inconsistency inside the file is the file's fault, reported in one line
         raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
     model.to(device).eval()
-    return Checkpoint(p, model, model_cfg, train_cfg, tokenizer, data)
+    return Checkpoint(p, model, tokenizer, saved)

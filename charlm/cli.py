@@ -21,7 +21,9 @@ from rich.text import Text
 
 from charlm import checkpoint
 from charlm.checkpoint import CheckpointError
-from charlm.config import MODEL_KINDS, OPTIMIZERS, POSITIONS, PRECISIONS, PRESETS, ConfigError, ModelConfig, TrainConfig, parse_duration, preset
+from charlm import runs
+from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
+                           parse_duration, preset)
 from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.text import safe_text
@@ -85,29 +87,48 @@ def main():
 
 # ---- train --------------------------------------------------------------------------------------
 
-MODEL_FLAGS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "context": "context",
-               "dropout": "dropout", "positions": "positions"}
-TRAIN_FLAGS = ("tokenizer", "vocab_size", "steps", "batch_size", "grad_accum", "lr", "optimizer", "muon_lr", "warmup", "weight_decay", "eval_interval",
-               "eval_iters", "seed", "device", "precision", "compile", "sample_tokens")
-# what may change when resuming; everything else would make "continue this run" untrue
-RESUMABLE = {"steps", "max_time", "device", "precision", "compile", "eval_interval", "eval_iters", "sample_tokens"}
+def config_options(cls, defaults: dict | None = None, only: tuple[str, ...] | None = None):
+    """Click options generated from a config dataclass's fields (config.flag): one option per field that
+    has a flag, with its name, default, help and choices written once, in config.py. `defaults` overrides
+    a default for one command (e.g. chat's shorter --max-tokens); `only` picks fields."""
+    options = []
+    for f in dataclasses.fields(cls):
+        name, m = flag_name(f), f.metadata
+        if name is None or (only is not None and f.name not in only):
+            continue
+        decls = [f"--{name}"] + ([f"-{m['short']}"] if m.get("short") else []) + [f.name]
+        kw = dict(help=m["help"])
+        if m.get("choices"):
+            kw["type"] = click.Choice(m["choices"])
+        if m.get("from_preset"):
+            kw.update(type=type(f.default), help=kw["help"] + " [default: from --preset]")
+        elif m.get("derived"):
+            kw["type"] = str if f.name == "max_time" else int
+        elif f.type in ("bool", bool):
+            decls[0] = f"--{name}/--no-{name}"
+            kw.update(default=f.default, show_default=True)
+        elif f.default_factory is not dataclasses.MISSING:  # a list: a repeatable flag
+            kw["multiple"] = True
+        elif f.default is None:
+            kw["type"] = int
+        else:
+            default = (defaults or {}).get(f.name, f.default)
+            kw.update(default=default, show_default=True)
+            kw.setdefault("type", type(f.default))
+        options.append(click.option(*decls, **kw))
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
-def _default_out(corpus: str, kind: str, tokenizer: str) -> Path:
-    """checkpoints/<corpus>-<model>-<tokenizer>, numbered when that name is taken."""
-    base = Path("checkpoints") / f"{Path(corpus).stem or 'corpus'}-{kind}-{tokenizer}"
-    out, n = base, 2
-    while (out / "last.pt").exists():
-        out, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return out
-
-
-def _latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
-    base = f"{Path(corpus).stem or 'corpus'}-{kind}-{tokenizer}"
-    runs = [p for p in Path("checkpoints").glob(f"{base}*") if (p / "last.pt").exists()]
-    if not runs:
-        raise UserError(f"--resume found no run checkpoints/{base}*/last.pt: name the run with --out DIR")
-    return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
+DEVICE_HELP = "auto: cuda when PyTorch sees a GPU, else cpu."
+device_option = click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True, help=DEVICE_HELP)
+unknown_option = click.option("--unknown", type=click.Choice(UNKNOWN), default="error", show_default=True,
+                              help="Characters a char model never saw: stop with an error, drop them, or replace them.")
 
 
 def _check_writable(out: Path) -> None:
@@ -123,141 +144,52 @@ def _check_writable(out: Path) -> None:
         raise UserError(f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out") from None
 
 
-def _resume_configs(out: Path, given: dict, model_cfg: ModelConfig, train_cfg: TrainConfig):
-    """The checkpoint's configs, with the flags given on the command line applied where that is safe."""
-    last = out / "last.pt"
-    if not last.exists():
-        raise UserError(f"--resume: no checkpoint at {last}; train one first, or point --out at an existing run")
-    state = checkpoint.load_raw(last)
-    old_model = ModelConfig.from_dict(state["model_config"])
-    old_train = TrainConfig.from_dict(state["train_config"])
-    # a --preset given now stands for all of its sizes, as if each had been typed
-    implied = set(MODEL_FLAGS) | {"batch_size", "lr"} if "preset_name" in given else set()
-    for flag, field in MODEL_FLAGS.items():
-        if (flag in given or flag in implied) and getattr(model_cfg, field) != getattr(old_model, field):
-            source = "" if flag in given else " (from --preset)"
-            raise UserError(
-                f"--resume: this run was trained with --{flag.replace('_', '-')} {getattr(old_model, field)}, not "
-                f"{getattr(model_cfg, field)}{source}; drop the flag, or start a new run with another --out"
-            )
-    if "model" in given and model_cfg.kind != old_model.kind:
-        raise UserError(f"--resume: this run is a {old_model.kind}, not a {model_cfg.kind}; use another --out for a new run")
-    for name in given | (implied & {"batch_size", "lr"}):
-        if name in TRAIN_FLAGS or name == "max_time":
-            new, old = getattr(train_cfg, name), getattr(old_train, name)
-            if name in RESUMABLE:
-                setattr(old_train, name, new)
-            elif new != old:
-                raise UserError(
-                    f"--resume: this run was trained with --{name.replace('_', '-')} {old}, not {new}; "
-                    f"only --steps, --max-time, --device, --precision, --compile and eval/sample settings may change"
-                )
-    if given & {"steps", "max_time"}:  # a new budget replaces the old one: --steps alone means no time limit
-        old_train.steps, old_train.max_time = train_cfg.steps, train_cfg.max_time
-    if state["step"] >= old_train.steps:
-        raise UserError(f"--resume: {out} is already at step {state['step']}; give a larger --steps to train on")
-    if old_train.max_time and state["train_seconds"] >= old_train.max_time:
-        raise UserError(
-            f"--resume: {out} has already trained for {state['train_seconds']:.0f}s; "
-            "give a larger --max-time (the total) or --steps to train on"
-        )
-    return old_model, old_train
-
-
 @main.command()
 @click.argument("corpus", type=click.Path(path_type=str))
-@click.option("--model", type=click.Choice(MODEL_KINDS), default="transformer", show_default=True, help="Model family.")
-@click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default="char", show_default=True)
-@click.option("--vocab-size", type=int, default=1024, show_default=True, help="BPE vocabulary size.")
 @click.option("--preset", "preset_name", type=click.Choice(PRESETS), default=None,
               help="Model size and batch/lr defaults [default: tiny on CPU, small on CUDA].")
-@click.option("--layers", type=int, help="Number of layers.")
-@click.option("--d-model", type=int, help="Transformer width; LSTM/GRU hidden size.")
-@click.option("--heads", type=int, help="Attention heads (transformer).")
-@click.option("--context", type=int, help="Context length in tokens.")
-@click.option("--dropout", type=float)
-@click.option("--positions", type=click.Choice(POSITIONS), default="rope", show_default=True, help="Transformer positions.")
-@click.option("--steps", type=int, help="Total optimizer steps [default: as many as --max-time allows].")
-@click.option("--max-time", type=str, help="Time budget, e.g. 90s, 10m, 1h [default: 2m unless --steps].")
-@click.option("--batch-size", type=int, help="Sequences per micro-batch and process.")
-@click.option("--grad-accum", type=int, default=1, show_default=True,
-              help="Micro-batches per optimizer step: effective batch = batch size × grad accum × processes.")
-@click.option("--lr", type=float, help="Peak learning rate.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="muon", show_default=True,
-              help="muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.")
-@click.option("--muon-lr", type=float, default=0.02, show_default=True, help="Muon's peak learning rate.")
-@click.option("--warmup", type=int, default=100, show_default=True, help="Warmup steps.")
-@click.option("--weight-decay", type=float, default=0.1, show_default=True)
-@click.option("--eval-interval", type=int, default=250, show_default=True, help="Steps between evaluations.")
-@click.option("--eval-iters", type=int, default=20, show_default=True, help="Batches per evaluation.")
-@click.option("--sample-tokens", type=int, default=200, show_default=True, help="Length of the samples shown (0: none).")
-@click.option("--seed", type=int, default=1337, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
-              help="Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.")
-@click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model.")
+@config_options(ModelConfig)
+@config_options(TrainConfig)
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory [default: checkpoints/<corpus>-<model>-<tokenizer>].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--nproc", type=int, help="Train with N processes (DistributedDataParallel): starts torchrun for you.")
 @click.pass_context
-def train(ctx, corpus, model, tokenizer, vocab_size, preset_name, out, resume, nproc, **flags):
+def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     """Train a language model on CORPUS (a UTF-8 text file).
 
     Several processes: charlm train CORPUS --nproc N, or torchrun --nproc-per-node N -m charlm train CORPUS."""
     from charlm import distributed
     from charlm import train as trainer
-    from charlm.views.progress import TrainView, sample_text
+    from charlm.views.progress import TrainView
 
-    given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    device_guess = "cuda" if flags["device"] == "cuda" else ("cuda" if flags["device"] == "auto" and _has_cuda() else "cpu")
-    model_preset, train_preset = preset(model, preset_name or ("small" if device_guess == "cuda" else "tiny"))
-    model_cfg = ModelConfig(kind=model, **model_preset)
-    for flag, field in MODEL_FLAGS.items():
-        if flags.get(flag) is not None:
-            setattr(model_cfg, field, flags[flag])
-    try:
-        max_time = parse_duration(flags["max_time"]) if flags["max_time"] is not None else None
-    except ConfigError as e:
-        raise UserError(f"--max-time: {e}") from None
-    steps = flags["steps"]
-    if steps is None and max_time is None:
-        max_time = 120.0
-    # `is None`, never `or`: --steps 0 or --lr 0 must be refused, not replaced by a default
-    train_cfg = TrainConfig(
-        tokenizer=tokenizer, vocab_size=vocab_size, steps=1_000_000_000 if steps is None else steps, max_time=max_time,
-        batch_size=_given(flags["batch_size"], train_preset["batch_size"]), grad_accum=flags["grad_accum"],
-        lr=_given(flags["lr"], train_preset["lr"]),
-        optimizer=flags["optimizer"], muon_lr=flags["muon_lr"], warmup=flags["warmup"], weight_decay=flags["weight_decay"], eval_interval=flags["eval_interval"],
-        eval_iters=flags["eval_iters"], seed=flags["seed"], device=flags["device"], precision=flags["precision"], compile=flags["compile"],
-        sample_tokens=flags["sample_tokens"],
-    )
-    train_cfg.validate()  # the flags as given, before a checkpoint is even looked at
+    model_cfg, train_cfg = _configs(preset_name, flags)
+    me = distributed.env()
     if resume:
-        out = out or _latest_run(corpus, model, tokenizer)
-        model_cfg, train_cfg = _resume_configs(out, given, model_cfg, train_cfg)
+        out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
+        if not (out / "last.pt").exists():
+            raise UserError(f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run")
+        model_cfg, train_cfg = runs.resume_configs(out, checkpoint.read(out / "last.pt"), model_cfg, train_cfg,
+                                                   nproc or me.world_size, _given(ctx, preset_name))
     else:
-        out = out or _default_out(corpus, model, tokenizer)
+        out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
         if (out / "last.pt").exists():
             raise UserError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
-        model_cfg.vocab_size = 2  # the tokenizer sets the real size; check everything else before any work
-        model_cfg.validate()
-    train_cfg.validate()
+        # the tokenizer sets the real vocabulary size; check everything else before any work
+        dataclasses.replace(model_cfg, vocab_size=2).validate()
     _check_writable(out)
     if nproc is not None:
-        if distributed.env().enabled:
+        if me.enabled:
             raise UserError("--nproc starts torchrun itself: drop it when running under torchrun")
         if nproc < 1:
             raise UserError(f"--nproc must be at least 1, got {nproc}")
         if nproc > 1:  # everything above was checked once, here; now the same command, N times
-            _exec_torchrun(nproc, out, resume, device_guess)
+            _exec_torchrun(nproc, out, _device_guess(train_cfg.device))
 
     # every rank trains; only rank 0 shows it (the others would print the same lines again)
-    me = distributed.env()
     console = Console(highlight=False, soft_wrap=True, quiet=not me.is_main)  # soft_wrap: no cuts at 80 columns in a pipe
-    view = TrainView(console, sample_tokens=train_cfg.sample_tokens if me.is_main else 0)
+    view = TrainView(console)
     try:
-        run = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view)
-        result = run.fit()
+        result = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view).fit()
     except trainer.TrainingInterrupted as e:
         view.close()
         console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved {out}/last.pt"))
@@ -271,23 +203,49 @@ def train(ctx, corpus, model, tokenizer, vocab_size, preset_name, out, resume, n
     finally:
         view.close()
         distributed.close()
-    final = None
-    if train_cfg.sample_tokens and me.is_main:
-        final = sample_text(run.model.eval(), run.tokenizer, train_cfg.sample_tokens, seed=train_cfg.seed)
-    view.finish(result, final)
+    view.finish(result)
 
 
-def _exec_torchrun(nproc: int, out: Path, resume: bool, device: str) -> NoReturn:
+def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainConfig]:
+    """The configs the flags describe, validated once: a flag typed > the preset > the field's default."""
+    try:
+        max_time = parse_duration(flags["max_time"]) if flags["max_time"] is not None else None
+    except ConfigError as e:
+        raise UserError(f"--max-time: {e}") from None
+    steps = flags["steps"]
+    if steps is None and max_time is None:
+        max_time = 120.0
+    flags = {**flags, "max_time": max_time, "steps": 1_000_000_000 if steps is None else steps}
+    kind = flags["kind"]
+    model_preset, train_preset = preset(kind, preset_name or ("small" if _device_guess(flags["device"]) == "cuda" else "tiny"))
+    # `is None`, never `or`: --steps 0 or --lr 0 must be refused, not replaced by a default
+    pick = lambda cls, base: {f.name: flags[f.name] if flags.get(f.name) is not None else base[f.name]  # noqa: E731
+                              for f in dataclasses.fields(cls) if f.name in base or flag_name(f) and flags.get(f.name) is not None}
+    return ModelConfig(**pick(ModelConfig, model_preset)), TrainConfig(**pick(TrainConfig, train_preset)).validate()
+
+
+def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
+    """What the user typed, in runs.resume_configs' terms: a --preset stands for every size it holds."""
+    typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    given = {("model." + n if n in model_fields else n) for n in typed}
+    if preset_name is not None:
+        given |= {"preset:" + f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)
+                  if f.metadata.get("from_preset")}
+    return given
+
+
+def _device_guess(device: str) -> str:
+    return "cuda" if device == "cuda" or (device == "auto" and _has_cuda()) else "cpu"
+
+
+def _exec_torchrun(nproc: int, out: Path, device: str) -> NoReturn:
     """Replace this process by torchrun (PyTorch's launcher) running this same command in nproc
     processes: the same arguments minus --nproc, with the run directory made explicit."""
     import torch
 
     if device == "cuda" and nproc > torch.cuda.device_count():
         raise UserError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) visible; use one process per GPU")
-    if resume:
-        trained_on = checkpoint.load_raw(out / "last.pt").get("distributed", {}).get("world_size", 1)
-        if trained_on != nproc:
-            raise UserError(f"--resume: {out} was trained with {trained_on} process(es), not {nproc}; resume it with --nproc {trained_on}")
     argv = sys.argv[1:]
     if not argv or argv[0] != "train":
         raise UserError("--nproc works from the command line only; run torchrun --nproc-per-node N -m charlm train ...")
@@ -306,10 +264,6 @@ def _exec_torchrun(nproc: int, out: Path, resume: bool, device: str) -> NoReturn
     os.execv(sys.executable, cmd)
 
 
-def _given(value, default):
-    return default if value is None else value
-
-
 def _has_cuda() -> bool:
     import torch
 
@@ -320,8 +274,7 @@ def _has_cuda() -> bool:
 
 
 def _info(ckpt: checkpoint.Checkpoint) -> dict:
-    d, m = ckpt.data, ckpt.model_config
-    corpus = d.get("corpus", {})
+    d, m = ckpt.saved, ckpt.model_config
     return {
         "path": str(ckpt.path),
         "run": ckpt.name,
@@ -331,16 +284,16 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
         "heads": m.n_heads if m.kind == "transformer" else None,
         "context": m.context,
         "positions": m.positions if m.kind == "transformer" else None,
-        "params": d.get("params"),
+        "params": d.params,
         "tokenizer": ckpt.tokenizer.kind,
         "vocab_size": ckpt.tokenizer.vocab_size,
-        "steps": d["step"],
-        "train_seconds": round(d["train_seconds"], 2),
-        "best_val_loss": d["best_val_loss"] if d["best_val_loss"] != float("inf") else None,
-        "best_val_bpc": d["best_val_bpc"] if d["best_val_bpc"] != float("inf") else None,
-        "corpus": corpus.get("name"),
-        "corpus_sha256": corpus.get("sha256"),
-        "device": d.get("device"),
+        "steps": d.step,
+        "train_seconds": round(d.train_seconds, 2),
+        "best_val_loss": d.best_val_loss,
+        "best_val_bpc": d.best_val_bpc,
+        "corpus": d.corpus.name if d.corpus else None,
+        "corpus_sha256": d.corpus.sha256 if d.corpus else None,
+        "device": d.device,
     }
 
 
@@ -375,29 +328,19 @@ def info(ckpt, as_json):
 
 
 def sampling_options(max_tokens: int):
-    """The sampling flags shared by sample and chat."""
-    options = [
-        click.option("--max-tokens", "-n", type=int, default=max_tokens, show_default=True, help="New tokens to generate."),
-        click.option("--temperature", "-t", type=float, default=0.8, show_default=True, help="0: greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off)."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus: keep tokens up to this probability (1: off)."),
-        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help=">1 discourages repeating tokens."),
-        click.option("--stop", multiple=True, help=r"Stop at this text (cut off); repeatable; \n and \t are escapes."),
-        click.option("--seed", type=int, help="Same seed, same text [default: random]."),
-        click.option("--no-cache", is_flag=True, help="Recompute the whole text for every token (slow: to compare)."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True),
-    ]
+    """The sampling flags shared by sample and chat (from SampleConfig), and how to run the model."""
+    extra = [click.option("--no-cache", is_flag=True, help="Recompute the whole text for every token (slow: to compare)."),
+             device_option]
 
     def decorate(f):
-        for option in reversed(options):
+        for option in reversed(extra):
             f = option(f)
-        return f
+        return config_options(SampleConfig, defaults={"max_tokens": max_tokens})(f)
 
     return decorate
 
 
 def _settings(max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed):
-    from charlm.generate import SampleConfig
     from charlm.views.repl import unescape
 
     return SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
@@ -429,15 +372,14 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("--prompt-file", type=str, help="Read the prompt from this file ('-': stdin).")
 @sampling_options(max_tokens=500)
 @click.option("--num-samples", type=int, default=1, show_default=True, help="Samples, separated by a line '---'.")
-@click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
-              help="Prompt characters a char model never saw.")
+@unknown_option
 @click.option("--echo/--no-echo", default=True, show_default=True, help="Print the prompt before its continuation.")
 @click.option("--stats", is_flag=True, help="One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
 def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache,
            device, num_samples, unknown, echo, stats):
     """Continue a prompt with CKPT, streaming plain text to stdout (pipe-friendly)."""
     from charlm.generate import Generator
-    from charlm.train import pick_device
+    from charlm.runtime import pick_device
     from charlm.views.repl import StreamPrinter
 
     settings = _settings(max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed)
@@ -494,11 +436,10 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
 @sampling_options(max_tokens=200)
 @click.option("--mode", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
               help="Each prompt starts anew, or continues the running text.")
-@click.option("--unknown", type=click.Choice(["drop", "replace", "error"]), default="drop", show_default=True,
-              help="Prompt characters a char model never saw: warn and drop them, replace them, or refuse the prompt.")
+@unknown_option
 def chat(ckpt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache, device, mode, unknown):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
-    from charlm.train import pick_device
+    from charlm.runtime import pick_device
     from charlm.views.repl import Repl
 
     settings = _settings(max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed)
@@ -519,8 +460,7 @@ def viewer_options(command):
         click.option("--end", type=int, help="Show the tokens before this position [default: the end]."),
         click.option("--width", type=int, help="Width in characters [default: the terminal's]."),
         click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels."),
-        click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
-                     help="Characters the model never saw (char models)."),
+        unknown_option,
     ]):
         command = option(command)
     return command
@@ -585,15 +525,14 @@ def gates(ckpt, prompt, layer, units, tokens, end, width, ascii, unknown):
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("file", type=click.Path(path_type=str))
 @click.option("--stride", type=int, help="Transformer: tokens each window advances [default: context/2].")
-@click.option("--unknown", type=click.Choice(["error", "drop"]), default="error", show_default=True,
-              help="Characters a char model never saw: stop with an error, or leave them out of the score.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@unknown_option
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def eval_(ckpt, file, stride, unknown, device, as_json):
     """Loss, perplexity, bits per character and per byte of CKPT on FILE (any UTF-8 text), over the
     whole file: the Transformer reads it in overlapping windows of its context, an LSTM/GRU in one pass."""
     from charlm.evaluate import evaluate_file
-    from charlm.train import pick_device
+    from charlm.runtime import pick_device
     from charlm.views.compare import EvalProgress, eval_summary, render_eval
 
     loaded = checkpoint.load(ckpt, device=pick_device(device))
@@ -608,20 +547,14 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
 @main.command()
 @click.argument("ckpts", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--prompt", "-p", default="", help="Text every model continues [default: none].")
-@click.option("--max-tokens", "-n", type=int, default=200, show_default=True, help="New tokens per model.")
-@click.option("--temperature", "-t", type=float, default=0.8, show_default=True, help="0: greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0: off.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1: off.")
-@click.option("--seed", type=int, help="The same seed for every model [default: a random one, shown].")
-@click.option("--unknown", type=click.Choice(["error", "drop", "replace"]), default="error", show_default=True,
-              help="Prompt characters a char model never saw: note it and skip that model, drop them, or replace them.")
+@config_options(SampleConfig, defaults={"max_tokens": 200}, only=("max_tokens", "temperature", "top_k", "top_p", "seed"))
+@unknown_option
 @click.option("--eval", "eval_file", type=click.Path(path_type=str), help="Also show each model's bits/char on this text.")
 @click.option("--interactive", "-i", is_flag=True, help="A prompt loop: each prompt goes to every model.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@device_option
 def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown, eval_file, interactive, device):
     """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
-    from charlm.generate import SampleConfig
-    from charlm.train import pick_device
+    from charlm.runtime import pick_device
     from charlm.views.compare import Comparison, repl
 
     if len(ckpts) < 2:

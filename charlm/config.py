@@ -2,12 +2,16 @@
 
 Each config validates itself and raises ConfigError with a message a user can act on; the CLI turns
 that into a one-line error. Configs travel inside checkpoints as plain dicts (to_dict / from_dict).
+
+Each field also describes its command-line flag (see `flag`): name, help, choices, and whether a resumed
+run may change it. cli.py builds the options from these fields and runs.py reads the resume rule from
+them, so a setting, its default and its help are written once, here.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 MODEL_KINDS = ("transformer", "lstm", "gru")
 POSITIONS = ("rope", "learned", "sinusoidal")
@@ -15,6 +19,8 @@ TOKENIZERS = ("char", "bpe")
 PRESETS = ("tiny", "small", "medium")
 OPTIMIZERS = ("muon", "adamw")
 PRECISIONS = ("auto", "fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
 
 
 class ConfigError(ValueError):
@@ -26,6 +32,35 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_seed(seed: int | None) -> None:
+    _check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
+
+
+def flag(default, help: str, *, name: str | None = None, short: str | None = None, choices: tuple | None = None,
+         resumable: bool = False, from_preset: bool = False, derived: bool = False, **kw):
+    """A config field with its command-line flag. name: the flag without "--" (default: the field's name
+    with dashes). resumable: `--resume` may change it. from_preset: the CLI default comes from --preset
+    (the field's default applies to code that builds configs itself). derived: the command works the
+    value out when the flag is absent (--steps and --max-time from each other)."""
+    meta = dict(flag=name, short=short, help=help, choices=choices, resumable=resumable, from_preset=from_preset,
+                derived=derived)
+    if "default_factory" in kw:
+        return field(metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def internal(default, **kw):
+    """A field with no command-line flag: set by code (vocab_size from the tokenizer) or fixed by design."""
+    return field(default=default, metadata=dict(flag=False), **kw)
+
+
+def flag_name(f) -> str | None:
+    """The flag of a dataclass field ("d-model"), or None for an internal one."""
+    if f.metadata.get("flag") is False:
+        return None
+    return f.metadata.get("flag") or f.name.replace("_", "-")
+
+
 def _from_dict(cls, d: dict):
     known = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in known})
@@ -33,15 +68,15 @@ def _from_dict(cls, d: dict):
 
 @dataclass
 class ModelConfig:
-    kind: str = "transformer"  # transformer | lstm | gru
-    vocab_size: int = 0  # set from the tokenizer
-    n_layers: int = 4
-    d_model: int = 128  # transformer width; LSTM/GRU hidden (and embedding) size
-    n_heads: int = 4  # transformer only
-    context: int = 128  # tokens seen per training window (and the transformer's maximum)
-    dropout: float = 0.0
-    positions: str = "rope"  # transformer only: rope | learned | sinusoidal
-    mlp_ratio: int = 4  # transformer only: MLP hidden = mlp_ratio * d_model
+    kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS)
+    vocab_size: int = internal(0)  # set from the tokenizer
+    n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True)
+    d_model: int = flag(128, "Transformer width; LSTM/GRU hidden (and embedding) size.", from_preset=True)
+    n_heads: int = flag(4, "Attention heads (transformer).", name="heads", from_preset=True)
+    context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True)
+    dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True)
+    positions: str = flag("rope", "Transformer positions.", choices=POSITIONS)
+    mlp_ratio: int = internal(4)  # transformer only: MLP hidden = mlp_ratio * d_model
 
     def validate(self) -> "ModelConfig":
         _check(self.kind in MODEL_KINDS, f"unknown model '{self.kind}': choose one of {', '.join(MODEL_KINDS)}")
@@ -75,28 +110,35 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    tokenizer: str = "char"  # char | bpe
-    vocab_size: int = 1024  # bpe only
-    steps: int = 2000  # the run's total; --resume continues up to it
-    max_time: float | None = None  # seconds; training stops (and the schedule ends) when it runs out
-    batch_size: int = 32
-    precision: str = "auto"  # auto | fp32 | bf16: autocast dtype for matrix products (see train.autocast_dtype)
-    grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum * processes
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup: int = 100
-    weight_decay: float = 0.1
-    beta2: float = 0.99
-    optimizer: str = "muon"  # muon (Muon for hidden matrices + AdamW for the rest) | adamw
-    muon_lr: float = 0.02  # Muon's own learning rate (it follows the same schedule)
-    grad_clip: float = 1.0
-    eval_interval: int = 250
-    eval_iters: int = 20
-    val_fraction: float = 0.1
-    seed: int = 1337
-    device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False
-    sample_tokens: int = 200  # length of the sample shown at each eval and at the end (0: none)
+    tokenizer: str = flag("char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS)
+    vocab_size: int = flag(1024, "BPE vocabulary size.")
+    # the run's total; --resume continues up to it
+    steps: int = flag(2000, "Total optimizer steps [default: as many as --max-time allows].", resumable=True,
+                      derived=True)
+    # seconds; training stops (and the schedule ends) when it runs out. The CLI reads a duration (90s, 10m)
+    max_time: float | None = flag(None, "Time budget, e.g. 90s, 10m, 1h [default: 2m unless --steps].", resumable=True,
+                                  derived=True)
+    batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True)
+    precision: str = flag("auto", "Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.",
+                          choices=PRECISIONS, resumable=True)
+    grad_accum: int = flag(1, "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes.")
+    lr: float = flag(3e-3, "Peak learning rate.", from_preset=True)
+    min_lr_ratio: float = internal(0.1)  # cosine decays to lr * min_lr_ratio
+    warmup: int = flag(100, "Warmup steps.")
+    weight_decay: float = flag(0.1, "AdamW weight decay of matrices and embeddings.")
+    beta2: float = internal(0.99)
+    optimizer: str = flag("muon", "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.",
+                          choices=OPTIMIZERS)
+    muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).")
+    grad_clip: float = internal(1.0)
+    eval_interval: int = flag(250, "Steps between evaluations.", resumable=True)
+    eval_iters: int = flag(20, "Batches per evaluation.", resumable=True)
+    val_fraction: float = internal(0.1)
+    seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.")
+    device: str = flag("auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, resumable=True)
+    compile: bool = flag(False, "torch.compile the model.", resumable=True)
+    sample_tokens: int = flag(200, "Length of the samples shown at each evaluation and at the end (0: none).",
+                              resumable=True)
 
     def validate(self) -> "TrainConfig":
         _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer '{self.tokenizer}': choose char or bpe")
@@ -120,8 +162,9 @@ class TrainConfig:
         _check(self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")
         _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
-        _check(self.device in ("auto", "cpu", "cuda"), f"unknown --device '{self.device}': choose auto, cpu or cuda")
+        _check(self.device in DEVICES, f"unknown --device '{self.device}': choose auto, cpu or cuda")
         _check(self.sample_tokens >= 0, "--sample-tokens must be at least 0")
+        check_seed(self.seed)
         return self
 
     def to_dict(self) -> dict:
@@ -130,6 +173,33 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         return _from_dict(cls, d)
+
+
+@dataclass
+class SampleConfig:
+    """How to pick each next token (the flags shared by sample, chat and compare)."""
+
+    temperature: float = flag(0.8, "0: greedy (always the most likely token).", short="t")
+    top_k: int = flag(0, "Keep the k most likely tokens (0: off).")
+    top_p: float = flag(1.0, "Nucleus: keep tokens up to this probability (1: off).")
+    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.")
+    max_tokens: int = flag(500, "New tokens to generate.", short="n")
+    stop: list[str] = flag(None, r"Stop at this text (cut off); repeatable; \n and \t are escapes.",
+                           default_factory=list)
+    seed: int | None = flag(None, "Same seed, same text [default: random].")
+
+    def validate(self) -> "SampleConfig":
+        _check(0 <= self.temperature <= 100, f"temperature must be between 0 and 100, got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be 0 (off) or more, got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        _check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
+        _check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 # Sizes for each model family. Explicit CLI flags override these. The tiny presets are tuned for a

@@ -65,10 +65,6 @@ def close() -> None:
         dist.destroy_process_group()
 
 
-def is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 def _device() -> torch.device:
     # NCCL only moves CUDA tensors; gloo only CPU ones
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -43,7 +43,7 @@ from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError
 Tokenizer = CharTokenizer | BPETokenizer
 Progress = Callable[[int, int], None]
 LN2 = math.log(2)
-UNKNOWN_POLICIES = ("error", "drop")
+UNKNOWN_POLICIES = ("error", "drop", "replace")
 
 
 class UnknownCharactersInFile(CorpusError):
@@ -89,13 +89,14 @@ def encode_file(path: str | os.PathLike, tokenizer: Tokenizer, unknown: str = "e
     """The token ids of a UTF-8 text file (read with iter_corpus: CRLF -> LF, BOM removed) and how many
     characters were dropped because a char tokenizer does not know them (unknown="drop")."""
     if unknown not in UNKNOWN_POLICIES:
-        raise ConfigError(f"--unknown must be error or drop, got {unknown!r}")
+        raise ConfigError(f"--unknown must be error, drop or replace, got {unknown!r}")
     parts, missing, dropped = [], {}, 0
     for chunk in iter_corpus(path):
         try:
             ids = tokenizer.encode_array(chunk)
         except UnknownCharactersError as e:
-            ids = np.asarray(tokenizer.encode(chunk, unknown="drop"), dtype=np.int64)
+            # replace: scored as the tokenizer's replacement character; otherwise left out of the score
+            ids = np.asarray(tokenizer.encode(chunk, unknown="replace" if unknown == "replace" else "drop"), dtype=np.int64)
             dropped += len(chunk) - len(ids)
             missing.update(dict.fromkeys(e.chars))
         parts.append(np.asarray(ids, dtype=np.int32))

@@ -13,41 +13,13 @@ import codecs
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from charlm.config import ConfigError
-
-
-@dataclass
-class SampleConfig:
-    temperature: float = 0.8  # 0: greedy (always the most likely token)
-    top_k: int = 0  # keep only the k most likely tokens (0: all)
-    top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches p (1: all)
-    repetition_penalty: float = 1.0  # >1 makes tokens already in the text less likely
-    max_tokens: int = 500
-    stop: list[str] = field(default_factory=list)  # stop (and cut) when the text produces one of these
-    seed: int | None = None
-
-    def validate(self) -> "SampleConfig":
-        def check(ok, msg):
-            if not ok:
-                raise ConfigError(msg)
-
-        check(0 <= self.temperature <= 100, f"temperature must be between 0 and 100, got {self.temperature}")
-        check(self.top_k >= 0, f"top_k must be 0 (off) or more, got {self.top_k}")
-        check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        check(0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
-        check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
-        check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
-        check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from charlm.config import SampleConfig
 
 
 def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor | None = None) -> torch.Tensor:

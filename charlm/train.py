@@ -15,30 +15,33 @@ import signal
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from charlm import checkpoint, distributed
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm import checkpoint, distributed, runs
+from charlm.checkpoint import Corpus, Saved
+from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
+from charlm.generate import Generator
 from charlm.models import build_model, count_params
+from charlm.runtime import autocast_dtype, pick_device
 from charlm.tokenizer import tokenizer_from_json
 
 
 # ---- events -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Encoding:
     done: int  # bytes of the corpus encoded so far
     total: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Started:
     out_dir: Path
     device: str
@@ -52,7 +55,7 @@ class Started:
     world_size: int = 1  # processes (torchrun ranks): effective batch = batch_size * grad_accum * world_size
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Stepped:
     step: int
     loss: float
@@ -61,27 +64,27 @@ class Stepped:
     elapsed: float  # seconds of training so far, earlier sessions included
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Evaluated:
     step: int
     train_loss: float
     val_loss: float
     val_bpc: float
     is_best: bool
-    model: torch.nn.Module = field(repr=False)  # in eval mode during the event: a view may sample from it
-    tokenizer: object = field(repr=False)
+    sample: str | None = None  # a short sample of the model at this step (sample_tokens > 0)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Result:
     out_dir: Path
     step: int
     stopped: str  # "steps" | "time" | "interrupted" | "until"
     train_seconds: float
-    best_val_loss: float
-    best_val_bpc: float
+    best_val_loss: float | None  # None: never evaluated
+    best_val_bpc: float | None
     last_val_loss: float | None
     params: int
+    sample: str | None = None  # the final sample (sample_tokens > 0, rank 0)
 
 
 class TrainingInterrupted(Exception):
@@ -97,14 +100,6 @@ class TrainingDiverged(Exception):
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def pick_device(name: str) -> str:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for, but PyTorch sees no CUDA GPU: use --device cpu")
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
@@ -136,9 +131,20 @@ class Optimizers:
         for group in self.param_groups:
             group["lr"] = lr * group["lr_scale"]
 
-    def step(self) -> None:
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """One step of each; with fp16's scaler, through it (it skips a step whose gradients overflowed)."""
         for o in self.optimizers:
-            o.step()
+            if scaler:
+                scaler.step(o)
+            else:
+                o.step()
+        if scaler:
+            scaler.update()
+
+    def unscale(self, scaler: torch.amp.GradScaler | None) -> None:
+        """Divide the gradients by fp16's loss scale, so clipping sees the true ones."""
+        for o in self.optimizers if scaler else ():
+            scaler.unscale_(o)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
@@ -179,19 +185,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str) -> Opt
     return Optimizers([torch.optim.AdamW(groups, lr=cfg.lr, **adam)])
 
 
-def autocast_dtype(device: str, precision: str) -> torch.dtype | None:
-    """The dtype matrix products run in under autocast (weights stay float32), or None for plain fp32.
-
-    auto: bf16 on GPUs that have it (fp16 on older ones), and on CPUs with native bf16 instructions
-    (AVX512-BF16 or AMX), where it makes the tiny LSTM ~1.5x faster (benchmarks/RESULTS.md)."""
-    if precision == "fp32":
-        return None
-    if device == "cuda":
-        return torch.bfloat16 if precision == "bf16" or torch.cuda.is_bf16_supported() else torch.float16
-    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.bfloat16 if precision == "bf16" or native_bf16 else None
-
-
 @torch.no_grad()
 def evaluate(model, batches: Batches, cfg: TrainConfig, device: str, autocast,
              rank: int = 0, world_size: int = 1) -> dict[str, float]:
@@ -219,92 +212,98 @@ def evaluate(model, batches: Batches, cfg: TrainConfig, device: str, autocast,
 
 
 class Trainer:
-    """One training run: set up from a corpus (or from out_dir/last.pt when resuming), then fit()."""
+    """One training run: set up from a corpus (or from out_dir/last.pt when resuming), then fit().
+    The configs are taken as given (the CLI validated them); the caller's objects are never changed."""
 
     def __init__(self, corpus, model_cfg: ModelConfig, cfg: TrainConfig, out_dir, resume=False, on_event=None):
-        self.out_dir, self.cfg, self.model_cfg = Path(out_dir), cfg.validate(), model_cfg
+        self.out_dir, self.cfg = Path(out_dir), cfg
         self.on_event = on_event or (lambda event: None)
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
+        saved = self._saved_run(corpus, model_cfg) if resume else None
+        self._prepare_data(corpus, model_cfg, saved)
+        self._build()
+        if saved:
+            self._restore(saved)
+        self._wrap()
 
-        state = tokenizer = None
-        if resume:
-            state = checkpoint.load_raw(self.out_dir / "last.pt", required=checkpoint.REQUIRED + checkpoint.TRAINING_STATE)
-            trained_on = state.get("distributed", {}).get("world_size", 1)
-            if trained_on != self.dist.world_size:  # each rank's batches are part of the run
-                raise ConfigError(f"cannot resume {self.out_dir} with {self.dist.world_size} process(es): it was trained "
-                                  f"with {trained_on}; resume it with --nproc {trained_on} (or torchrun --nproc-per-node {trained_on})")
-            # hash before encoding: another text would fail later with a less helpful message
-            if state["corpus"].get("sha256") != corpus_sha256(corpus):
-                raise ConfigError(f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out")
-            tokenizer = tokenizer_from_json(state["tokenizer"])
+    def _saved_run(self, corpus, model_cfg: ModelConfig) -> Saved:
+        """The run to continue, after the one resume rule (runs.py) agreed to these configs."""
+        path = self.out_dir / "last.pt"
+        saved = checkpoint.read(path)
+        saved.require_training_state(path)
+        runs.resume_configs(self.out_dir, saved, model_cfg, self.cfg, self.dist.world_size)
+        # hash before encoding: another text would fail later with a less helpful message
+        # TODO(integrator): pass sha256= to data.prepare below, so the corpus is hashed once
+        if saved.corpus.sha256 != corpus_sha256(corpus):
+            raise ConfigError(f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out")
+        return saved
+
+    def _prepare_data(self, corpus, model_cfg: ModelConfig, saved: Saved | None) -> None:
+        """Tokenizer and token ids; the model config gets the tokenizer's vocabulary size."""
         # one process per machine trains the tokenizer and encodes the corpus; the others wait, then
         # find both in the cache (CHARLM_CACHE) instead of doing the same work at the same time
         if self.dist.local_rank != 0:
             distributed.barrier()
         self.tokenizer, tokens_path, corpus_sha = prepare(
-            corpus, cfg.tokenizer, cfg.vocab_size, tokenizer=tokenizer,
-            progress=lambda done, total: self.on_event(Encoding(done, total)),
+            corpus, self.cfg.tokenizer, self.cfg.vocab_size, tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
+            progress=lambda done, total: self.on_event(Encoding(done=done, total=total)),
         )
         if self.dist.local_rank == 0:
             distributed.barrier()
         if self.tokenizer.vocab_size < 2:
             raise CorpusError(f"{corpus} holds a single distinct character: there is nothing to learn from it")
-        model_cfg.vocab_size = self.tokenizer.vocab_size
-        model_cfg.validate()
-        if state:
-            saved = ModelConfig.from_dict(state["model_config"])
-            diff = [f"{k} {v} (now {getattr(model_cfg, k)})" for k, v in saved.to_dict().items() if getattr(model_cfg, k) != v]
-            if diff:
-                raise ConfigError(f"cannot resume {self.out_dir}: it was trained with {', '.join(diff)}; use the same model settings")
-        self.batches = Batches(load_tokens(tokens_path), context=model_cfg.context, val_fraction=cfg.val_fraction)
+        self.model_cfg = replace(model_cfg, vocab_size=self.tokenizer.vocab_size).validate()
+        self.batches = Batches(load_tokens(tokens_path), context=self.model_cfg.context, val_fraction=self.cfg.val_fraction)
         self.batches.check()
-        self.corpus_info = {
-            "name": Path(corpus).name,
-            "sha256": corpus_sha,
-            "train_tokens": len(self.batches.train),
-            "val_tokens": len(self.batches.val),
-            "chars_per_token": self.batches.chars_per_token(self.tokenizer),
-        }
+        self.corpus = Corpus(name=Path(corpus).name, sha256=corpus_sha, train_tokens=len(self.batches.train),
+                             val_tokens=len(self.batches.val), chars_per_token=self.batches.chars_per_token(self.tokenizer))
 
-        self.model = build_model(model_cfg).to(self.device)
+    def _build(self) -> None:
+        """Model, optimizer and mixed precision, fresh."""
+        self.model = build_model(self.model_cfg).to(self.device)
         self.params = count_params(self.model)
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
-        self.data_gen = torch.Generator().manual_seed(cfg.seed + self.dist.rank)  # each rank its own batches
+        self.optimizer = make_optimizer(self.model, self.cfg, self.device)
+        self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
-        self.best_val_loss = self.best_val_bpc = float("inf")
-        amp = autocast_dtype(self.device, cfg.precision)
+        self.best_val_loss = self.best_val_bpc = None
+        amp = autocast_dtype(self.device, self.cfg.precision)
         self.autocast = torch.autocast(self.device, dtype=amp) if amp else nullcontext()
         # fp16's narrow range needs a gradient scaler; bf16 has float32's range and does not
         self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
-        if state:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            rng = state["rng"]["ranks"][self.dist.rank] if self.dist.enabled else state["rng"]
-            self.data_gen.set_state(rng["data"])
-            torch.set_rng_state(rng["torch"])
-            if self.device == "cuda" and "cuda" in rng:
-                torch.cuda.set_rng_state(rng["cuda"])
-            if self.scaler and "scaler" in state:
-                self.scaler.load_state_dict(state["scaler"])
-            self.step, self.train_seconds = state["step"], state["train_seconds"]
-            self.best_val_loss, self.best_val_bpc = state["best_val_loss"], state["best_val_bpc"]
+
+    def _restore(self, saved: Saved) -> None:
+        """Weights, optimizer, RNGs and counters of the saved run: it continues exactly."""
+        self.model.load_state_dict(saved.model)
+        self.optimizer.load_state_dict(saved.optimizer)
+        rng = saved.rng["ranks"][self.dist.rank] if self.dist.enabled else saved.rng
+        self.data_gen.set_state(rng["data"])
+        torch.set_rng_state(rng["torch"])
+        if self.device == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+        if self.scaler and saved.scaler:
+            self.scaler.load_state_dict(saved.scaler)
+        self.step, self.train_seconds = saved.step, saved.train_seconds
+        self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
+
+    def _wrap(self) -> None:
         # DDP averages gradients across ranks during backward. self.model stays the plain module and is
         # what gets saved: never the DDP or compiled wrapper (their keys get "module."/"_orig_mod." prefixes)
         self.ddp = None
         if self.dist.enabled:
             self.ddp = DDP(self.model, device_ids=[self.dist.local_rank] if self.device == "cuda" else None)
-        self.forward = torch.compile(self.ddp or self.model) if cfg.compile else (self.ddp or self.model)
+        self.forward = torch.compile(self.ddp or self.model) if self.cfg.compile else (self.ddp or self.model)
 
     def fit(self, until: int | None = None) -> Result:
         """Train up to cfg.steps (or the time budget). `until` pauses at that step, saved, without
         changing the schedule. Ctrl-C finishes the current step, saves and raises TrainingInterrupted."""
         cfg, model = self.cfg, self.model
-        self.on_event(Started(self.out_dir, self.device, self.params, self.model_cfg, cfg, self.step,
-                              len(self.batches.train), len(self.batches.val), self.tokenizer.vocab_size,
-                              self.dist.world_size))
+        self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
+                              train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
+                              val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
+                              world_size=self.dist.world_size))
         # tokens/s counts optimizer steps over all ranks: the effective batch
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
@@ -335,17 +334,13 @@ class Trainer:
                     self.diverged(f"the loss became {loss_value}", self.step + 1)
                 if not math.isfinite(norm_value) and self.scaler is None:  # fp16: the scaler skips such steps
                     self.diverged(f"the gradient norm became {norm_value} (loss {loss_value:.3g})", self.step + 1)
-                if self.scaler:
-                    for o in self.optimizer.optimizers:
-                        self.scaler.step(o)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
+                self.optimizer.step(self.scaler)
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
                 self.train_seconds = seconds_before + time.perf_counter() - session_start
                 elapsed = time.perf_counter() - t0
-                self.on_event(Stepped(self.step, loss_value, lr, tokens_per_step / max(elapsed, 1e-9), self.train_seconds))
+                self.on_event(Stepped(step=self.step, loss=loss_value, lr=lr, tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
+                                      elapsed=self.train_seconds))
                 if self.step % cfg.eval_interval == 0 or self.step == cfg.steps:
                     last_val, last_eval_step = self.evaluate_and_save(), self.step
             if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
@@ -367,9 +362,7 @@ class Trainer:
                 loss = loss / K  # gradients add up over the micro-batches: this makes their sum a mean
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
-        if self.scaler:
-            for o in self.optimizer.optimizers:
-                self.scaler.unscale_(o)  # clip the true gradients, not the scaled ones
+        self.optimizer.unscale(self.scaler)  # clip the true gradients, not the scaled ones
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         (loss_value,) = distributed.all_sum([loss_sum.item()])
         return loss_value / self.dist.world_size, grad_norm.item()
@@ -380,8 +373,20 @@ class Trainer:
         raise TrainingDiverged(f"{what} at step {step}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})")
 
     def result(self, stopped: str, last_val: float | None) -> Result:
-        return Result(self.out_dir, self.step, stopped, self.train_seconds, self.best_val_loss,
-                      self.best_val_bpc, last_val, self.params)
+        final = self.sample_text(self.cfg.sample_tokens, seed=self.cfg.seed) if stopped != "interrupted" else None
+        return Result(out_dir=self.out_dir, step=self.step, stopped=stopped, train_seconds=self.train_seconds,
+                      best_val_loss=self.best_val_loss, best_val_bpc=self.best_val_bpc, last_val_loss=last_val,
+                      params=self.params, sample=final)
+
+    def sample_text(self, n_tokens: int, seed: int) -> str | None:
+        """A short sample from the model on rank 0 (its own RNG: the training RNG is never touched)."""
+        if not n_tokens or not self.dist.is_main:
+            return None
+        self.model.eval()
+        try:
+            return Generator(self.model, self.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed))
+        finally:
+            self.model.train()
 
     def evaluate_and_save(self) -> float:
         """Evaluate; log the metrics; write last.pt, and best.pt when val loss improved. Returns val loss."""
@@ -389,8 +394,8 @@ class Trainer:
                           self.dist.rank, self.dist.world_size)
         if not all(map(math.isfinite, losses.values())):  # never overwrite a good checkpoint with this
             self.diverged(f"the evaluation loss became {losses['val']}", self.step)
-        val_bpc = bits_per_char(losses["val"], self.corpus_info["chars_per_token"])
-        is_best = losses["val"] < self.best_val_loss
+        val_bpc = bits_per_char(losses["val"], self.corpus.chars_per_token)
+        is_best = self.best_val_loss is None or losses["val"] < self.best_val_loss
         if is_best:
             self.best_val_loss, self.best_val_bpc = losses["val"], val_bpc
         metrics = {"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
@@ -401,48 +406,32 @@ class Trainer:
         if self.dist.is_main:
             with open(self.out_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(metrics) + "\n")
-        self.model.eval()  # a view may sample from the model during this event (with its own RNG)
-        self.on_event(Evaluated(self.step, losses["train"], losses["val"], val_bpc, is_best, self.model, self.tokenizer))
-        self.model.train()
+        self.on_event(Evaluated(step=self.step, train_loss=losses["train"], val_loss=losses["val"], val_bpc=val_bpc,
+                                is_best=is_best, sample=self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)))
         return losses["val"]
 
     def save(self, name: str, metrics: dict | None = None) -> None:
         """Write out_dir/name. With several processes every rank calls this and rank 0 writes: the file
         gets each rank's RNG states (for an exact resume) and a digest of each rank's weights, which
         must all be equal (DDP keeps them so; if not, rank 0's file alone would misrepresent the run)."""
-        rng, extra = self.rng_state(), {}
-        if self.scaler:
-            extra["scaler"] = self.scaler.state_dict()
+        rng, world_size, digests = self.rng_state(), 1, None
         if self.dist.enabled:
             ranks = distributed.all_gather({"rng": rng, "weights": distributed.weights_digest(self.model.state_dict())})
             digests = [r["weights"] for r in ranks]
             if len(set(digests)) > 1:  # every rank sees the same list, so every rank raises
                 raise RuntimeError(f"the {len(digests)} processes hold different weights at step {self.step}: "
                                    f"sha256 {', '.join(d[:12] for d in digests)}")
-            rng = {**rng, "ranks": [r["rng"] for r in ranks]}
-            extra["distributed"] = {"world_size": len(ranks), "weights_sha256": digests}
+            rng, world_size = {**rng, "ranks": [r["rng"] for r in ranks]}, len(ranks)
         if self.dist.is_main:
-            checkpoint.save(
-                {
-                    "run_name": self.out_dir.resolve().name,
-                    "model_config": self.model_cfg.to_dict(),
-                    "train_config": self.cfg.to_dict(),
-                    "tokenizer": self.tokenizer.to_json(),
-                    "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "step": self.step,
-                    "train_seconds": self.train_seconds,
-                    "best_val_loss": self.best_val_loss,
-                    "best_val_bpc": self.best_val_bpc,
-                    "rng": rng,
-                    "corpus": self.corpus_info,
-                    "metrics": metrics or {"step": self.step},
-                    "params": self.params,
-                    "device": self.device,
-                    **extra,
-                },
-                self.out_dir / name,
+            saved = Saved(
+                run_name=self.out_dir.resolve().name, model_config=self.model_cfg, train_config=self.cfg,
+                tokenizer=self.tokenizer.to_json(), model=self.model.state_dict(), step=self.step,
+                train_seconds=self.train_seconds, best_val_loss=self.best_val_loss, best_val_bpc=self.best_val_bpc,
+                params=self.params, device=self.device, metrics=metrics or {"step": self.step}, corpus=self.corpus,
+                optimizer=self.optimizer.state_dict(), rng=rng, scaler=self.scaler.state_dict() if self.scaler else None,
+                world_size=world_size, weights_sha256=digests,
             )
+            checkpoint.save(saved, self.out_dir / name)
         # the others wait until the file is written: once save() returns on any rank, a resume may read it
         distributed.barrier()
 

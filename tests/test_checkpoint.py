@@ -31,6 +31,11 @@ def trainer(tmp_path: Path, kind: str = "transformer", out: str = "run", **train
     return Trainer(corpus, model_cfg, train_cfg, tmp_path / out)
 
 
+def raw(path: Path) -> dict:
+    """The file's plain contents, to tamper with (the schema's own reader would refuse the results)."""
+    return torch.load(path, weights_only=True)
+
+
 @pytest.fixture
 def saved(tmp_path) -> Path:
     """A real last.pt (and best.pt) after 3 steps."""
@@ -49,7 +54,7 @@ def test_loaded_model_gives_the_same_logits(tmp_path, kind):
     assert not ckpt.model.training
     assert ckpt.model_config == run.model_cfg and ckpt.train_config == run.cfg
     assert ckpt.tokenizer.to_json() == run.tokenizer.to_json()
-    assert ckpt.data["step"] == 3 and ckpt.data["params"] == run.params and ckpt.name == "run"
+    assert ckpt.saved.step == 3 and ckpt.saved.params == run.params and ckpt.name == "run"
     x = torch.tensor([run.tokenizer.encode("Deny thy father")])
     run.model.eval()
     assert torch.equal(ckpt.model(x)[0], run.model(x)[0])
@@ -58,7 +63,7 @@ def test_loaded_model_gives_the_same_logits(tmp_path, kind):
 
 
 def test_tokenizer_and_configs_are_stored_as_plain_data(saved):
-    data = checkpoint.load_raw(saved)
+    data = raw(saved)
     assert isinstance(data["tokenizer"], str)  # JSON text, never a pickled object
     assert isinstance(data["model_config"], dict) and isinstance(data["train_config"], dict)
     assert data["format"] == checkpoint.FORMAT and data["version"] == checkpoint.VERSION
@@ -106,10 +111,10 @@ def test_never_saves_the_compile_wrapper(tmp_path):
     run = trainer(tmp_path, compile=True)
     assert any(k.startswith("_orig_mod.") for k in run.forward.state_dict())  # the trap is real
     run.fit(until=0)  # evaluates and saves without a training step
-    data = checkpoint.load_raw(tmp_path / "run" / "last.pt")
-    assert data["train_config"]["compile"] is True
-    assert not any("_orig_mod" in k for k in data["model"])
-    assert set(data["model"]) == set(run.model.state_dict())
+    saved = checkpoint.read(tmp_path / "run" / "last.pt")
+    assert saved.train_config.compile is True
+    assert not any("_orig_mod" in k for k in saved.model)
+    assert set(saved.model) == set(run.model.state_dict())
     checkpoint.load(tmp_path / "run")
 
 
@@ -168,13 +173,13 @@ def _foreign_tensor(saved: Path, tmp: Path) -> Path:
 
 def _newer(saved: Path, tmp: Path) -> Path:
     p = tmp / "future.pt"
-    torch.save({**checkpoint.load_raw(saved), "version": checkpoint.VERSION + 1}, p)
+    torch.save({**raw(saved), "version": checkpoint.VERSION + 1}, p)
     return p
 
 
 def _incomplete(saved: Path, tmp: Path) -> Path:
     p = tmp / "incomplete.pt"
-    data = checkpoint.load_raw(saved)
+    data = raw(saved)
     del data["tokenizer"]
     torch.save(data, p)
     return p
@@ -183,7 +188,7 @@ def _incomplete(saved: Path, tmp: Path) -> Path:
 def _incompatible(saved: Path, tmp: Path) -> Path:
     """Weights that do not fit the recorded model config."""
     p = tmp / "incompatible.pt"
-    data = checkpoint.load_raw(saved)
+    data = raw(saved)
     data["model_config"]["d_model"] = 64
     torch.save(data, p)
     return p
@@ -191,7 +196,7 @@ def _incompatible(saved: Path, tmp: Path) -> Path:
 
 def _bad_tokenizer(saved: Path, tmp: Path) -> Path:
     p = tmp / "badtok.pt"
-    torch.save({**checkpoint.load_raw(saved), "tokenizer": "{not json"}, p)
+    torch.save({**raw(saved), "tokenizer": "{not json"}, p)
     return p
 
 

@@ -119,12 +119,12 @@ def test_default_run_directory_is_numbered_not_clobbered(corpus, tmp_path, monke
     second = charlm("train", corpus.name, *TINY, "--steps", 3)
     assert second.exit_code == 0, second.output
     two = tmp_path / "checkpoints" / "citizens-transformer-char-2"
-    assert checkpoint.load(two / "last.pt").data["step"] == 3
+    assert checkpoint.load(two / "last.pt").saved.step == 3
     assert (one / "last.pt").read_bytes() == before
     third = charlm("train", corpus.name, "--resume", "--steps", 5)
     assert third.exit_code == 0, third.output
     assert "resuming at step 3" in third.stdout
-    assert checkpoint.load(two / "last.pt").data["step"] == 5
+    assert checkpoint.load(two / "last.pt").saved.step == 5
 
 
 def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
@@ -158,7 +158,7 @@ def test_resume_continues_to_the_new_total(run, corpus):
     metrics = (run / "metrics.jsonl").read_text()
     assert metrics.startswith(before)
     assert [json.loads(line)["step"] for line in metrics.splitlines()] == [5, 10, 15, 20]
-    assert checkpoint.load_raw(run / "last.pt")["step"] == 20
+    assert checkpoint.read(run / "last.pt").step == 20
 
 
 def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
@@ -166,11 +166,11 @@ def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
     stopped at once, as its time had already run out."""
     out = tmp_path / "run"
     train(corpus, out, "--max-time", "0.5s")
-    reached = checkpoint.load_raw(out / "last.pt")["step"]
+    reached = checkpoint.read(out / "last.pt").step
     r = charlm("train", corpus, "--out", out, "--resume", "--steps", reached + 4)
     assert r.exit_code == 0, r.output
-    data = checkpoint.load_raw(out / "last.pt")
-    assert data["step"] == reached + 4 and data["train_config"]["max_time"] is None
+    saved = checkpoint.read(out / "last.pt")
+    assert saved.step == reached + 4 and saved.train_config.max_time is None
 
 
 # ---- bad input: one line each, nothing half-written ---------------------------------------------
@@ -356,10 +356,9 @@ def test_resume_from_a_damaged_checkpoint(run, corpus):
 def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
     """A run whose weights have blown up: resuming it stops at the first step with a one-line error,
     and last.pt stays exactly as it was."""
-    data = checkpoint.load_raw(run / "last.pt")
-    data["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in data["model"].items()}
-    data = {k: v for k, v in data.items() if k not in ("format", "version")}
-    checkpoint.save(data, run / "last.pt")
+    saved = checkpoint.read(run / "last.pt")
+    saved.model = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in saved.model.items()}
+    checkpoint.save(saved, run / "last.pt")
     before = (run / "last.pt").read_bytes()
     one_line_error(charlm("train", corpus, "--out", run, "--resume", "--steps", 20),
                    "the loss became nan at step 11: training stopped, and the last good checkpoint in", "try a lower --lr")
@@ -401,14 +400,14 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     stdout, stderr = "".join(seen), proc.stderr.read()
     assert stderr == "" and "Traceback" not in stdout
     assert f"resume with: charlm train {corpus} --out '{out}' --resume" in stdout
-    step = checkpoint.load(out / "last.pt").data["step"]
+    step = checkpoint.load(out / "last.pt").saved.step
     assert step >= 10 and f"interrupted at step {step}; saved {out}/last.pt" in stdout
 
     # resumed in another process, the run continues exactly as one uninterrupted run would
-    saved = checkpoint.load_raw(out / "last.pt")
-    model_cfg = ModelConfig.from_dict(saved["model_config"])
+    saved = checkpoint.read(out / "last.pt")
+    model_cfg = saved.model_config
     train_cfg = checkpoint.load(out / "last.pt").train_config
-    whole = Trainer(corpus, ModelConfig.from_dict(saved["model_config"]), train_cfg, tmp_path / "whole")
+    whole = Trainer(corpus, saved.model_config, train_cfg, tmp_path / "whole")
     whole.fit(until=step + 5)
     shutil.copytree(out, tmp_path / "resumed")  # keep `out` for the CLI resume below
     resumed = Trainer(corpus, model_cfg, train_cfg, tmp_path / "resumed", resume=True)
@@ -419,4 +418,4 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     r = charlm("train", corpus, "--out", out, "--resume", "--steps", step + 3)
     assert r.exit_code == 0, r.output
     assert f"resuming at step {step}" in r.stdout
-    assert checkpoint.load_raw(out / "last.pt")["step"] == step + 3
+    assert checkpoint.read(out / "last.pt").step == step + 3

@@ -65,8 +65,8 @@ def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corp
     for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf")):
         ck = checkpoint.load(cmp_runs[key])
         params, steps, _, val, ev, tps, ttft = rows[name]
-        assert params == f"{ck.data['params'] / 1e3:.3g}k" and steps == "30"
-        assert float(val.rstrip("*")) == pytest.approx(ck.data["best_val_bpc"], abs=6e-4)
+        assert params == f"{ck.saved.params / 1e3:.3g}k" and steps == "30"
+        assert float(val.rstrip("*")) == pytest.approx(ck.saved.best_val_bpc, abs=6e-4)
         alone = json.loads(run("eval", cmp_runs[key], cmp_corpus, "--json").stdout)
         assert float(ev.rstrip("*")) == pytest.approx(alone["bits_per_char"], abs=6e-4)
         assert float(tps.rstrip("*").replace(",", "")) > 0 and float(ttft.rstrip("*")) > 0

@@ -73,8 +73,8 @@ def test_fp16_with_grad_scaler_where_bf16_is_missing(corpus, tmp_path, monkeypat
     run = make(corpus, tmp_path / "run")
     assert run.autocast.fast_dtype == torch.float16 and run.scaler is not None
     run.fit(until=2)
-    saved = checkpoint.load_raw(tmp_path / "run" / "last.pt")
-    assert saved["scaler"]["scale"] == run.scaler.get_scale()
+    saved = checkpoint.read(tmp_path / "run" / "last.pt")
+    assert saved.scaler["scale"] == run.scaler.get_scale()
     resumed = make(corpus, tmp_path / "run", resume=True)
     assert resumed.scaler.get_scale() == run.scaler.get_scale()
     resumed.fit()
@@ -96,8 +96,8 @@ def test_compile_on_cuda_saves_the_plain_module(corpus, tmp_path):
                                   "--device", "cuda", "--compile", "--out", str(out)])
     assert r.exit_code == 0, r.output
     ckpt = checkpoint.load(out / "last.pt")
-    assert list(ckpt.data["model"]) == list(build_model(ckpt.model_config).state_dict())  # no "_orig_mod."
-    assert ckpt.data["device"] == "cuda" and ckpt.train_config.compile
+    assert list(ckpt.saved.model) == list(build_model(ckpt.model_config).state_dict())  # no "_orig_mod."
+    assert ckpt.saved.device == "cuda" and ckpt.train_config.compile
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -108,5 +108,4 @@ def test_nccl_on_two_gpus(corpus, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = checkpoint.load(tmp_path / "run")
-    info = ckpt.data["distributed"]
-    assert info["world_size"] == 2 and len(set(info["weights_sha256"])) == 1
+    assert ckpt.saved.world_size == 2 and len(set(ckpt.saved.weights_sha256)) == 1

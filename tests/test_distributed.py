@@ -103,13 +103,12 @@ def test_distributed_checkpoint_loads_in_one_process_with_both_ranks_weights(cli
     state = ckpt.model.state_dict()
     # the unwrapped module was saved: the keys of a freshly built model, no "module." / "_orig_mod."
     assert list(state) == list(build_model(ckpt.model_config).state_dict())
-    assert ckpt.data["step"] == 8 and ckpt.train_config.grad_accum == 2
-    info = ckpt.data["distributed"]
-    assert info["world_size"] == 2
+    assert ckpt.saved.step == 8 and ckpt.train_config.grad_accum == 2
+    assert ckpt.saved.world_size == 2
     # each rank reported a digest of its own weights when saving: rank 1's equals the saved weights
-    assert info["weights_sha256"] == [sha256_of_weights(state)] * 2
+    assert ckpt.saved.weights_sha256 == [sha256_of_weights(state)] * 2
     # each rank sampled its own batches: their data generators are in different states
-    ranks = ckpt.data["rng"]["ranks"]
+    ranks = ckpt.saved.rng["ranks"]
     assert len(ranks) == 2 and not torch.equal(ranks[0]["data"], ranks[1]["data"])
 
 
@@ -119,11 +118,12 @@ def test_resuming_a_two_process_run_needs_two_processes(cli_run):
     run = root / "run"
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(run), "--resume", "--steps", "12"])
     assert r.exit_code == 1
-    assert r.stderr.strip() == (f"error: cannot resume {run} with 1 process(es): it was trained with 2; "
+    assert r.stderr.strip() == (f"error: --resume: {run} was trained with 2 process(es), not 1; "
                                 "resume it with --nproc 2 (or torchrun --nproc-per-node 2)")
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(run), "--resume", "--steps", "12", "--nproc", "3"])
     assert r.exit_code == 1
-    assert r.stderr.strip() == f"error: --resume: {run} was trained with 2 process(es), not 3; resume it with --nproc 2"
+    assert r.stderr.strip() == (f"error: --resume: {run} was trained with 2 process(es), not 3; "
+                                "resume it with --nproc 2 (or torchrun --nproc-per-node 2)")
 
 
 # ---- one failing rank ----------------------------------------------------------------------------
@@ -194,19 +194,19 @@ def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
         torch.testing.assert_close(ddp[name], want, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
     # 2. 3 steps, a new Trainer resuming from the checkpoint, 3 more == 6 steps at once, bit for bit
-    full = checkpoint.load_raw(tmp_path / "full" / "last.pt")
-    half = checkpoint.load_raw(tmp_path / "half" / "last.pt")
-    assert half["step"] == full["step"] == 6
-    assert full["model"].keys() == half["model"].keys()
-    for name in full["model"]:
-        assert torch.equal(full["model"][name], half["model"][name]), name
-    for a, b in zip(full["rng"]["ranks"], half["rng"]["ranks"]):
+    full = checkpoint.read(tmp_path / "full" / "last.pt")
+    half = checkpoint.read(tmp_path / "half" / "last.pt")
+    assert half.step == full.step == 6
+    assert full.model.keys() == half.model.keys()
+    for name in full.model:
+        assert torch.equal(full.model[name], half.model[name]), name
+    for a, b in zip(full.rng["ranks"], half.rng["ranks"]):
         assert torch.equal(a["data"], b["data"]) and torch.equal(a["torch"], b["torch"])
 
     # 3. the time budget stopped both ranks at the same step, with the same weights
-    timed = checkpoint.load_raw(tmp_path / "timed" / "last.pt")
-    assert 0 < timed["step"] < 10**6 and timed["train_seconds"] >= 1.0
-    assert len(set(timed["distributed"]["weights_sha256"])) == 1
+    timed = checkpoint.read(tmp_path / "timed" / "last.pt")
+    assert 0 < timed.step < 10**6 and timed.train_seconds >= 1.0
+    assert len(set(timed.weights_sha256)) == 1
 
 
 # ---- gradient accumulation in one process ----------------------------------------------------------

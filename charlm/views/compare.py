@@ -132,7 +132,7 @@ class Contestant:
 
     def header(self) -> tuple[Text, Text]:
         m, tok = self.ckpt.model_config, self.ckpt.tokenizer
-        params = self.ckpt.data.get("params") or count_params(self.ckpt.model)
+        params = self.ckpt.saved.params or count_params(self.ckpt.model)
         title = Text(safe_text(self.ckpt.name), style="bold")
         sub = Text(f"{m.kind} · {tok.kind} · {human(params)} params")
         return title, sub
@@ -260,10 +260,10 @@ class Comparison:
         # (value, text) per model per column; value None: nothing to compare
         rows = []
         for p in self.players:
-            d = p.ckpt.data
-            params = d.get("params") or count_params(p.ckpt.model)
-            row = [(None, human(params)), (None, f"{d.get('step', 0):,}"), (None, _seconds(d.get("train_seconds", 0.0)))]
-            bpc = _finite(d.get("best_val_bpc"))
+            d = p.ckpt.saved
+            params = d.params or count_params(p.ckpt.model)
+            row = [(None, human(params)), (None, f"{d.step:,}"), (None, _seconds(d.train_seconds))]
+            bpc = _finite(d.best_val_bpc)
             row.append((bpc, f"{bpc:.3f}" if bpc is not None else "—"))
             if self.eval_path is not None:
                 e = p.eval.bits_per_char if p.eval else None

@@ -10,25 +10,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.generate import Generator, SampleConfig
 from charlm.train import Encoding, Evaluated, Result, Started, Stepped
 from charlm.views.text import safe_text
-
-
-def sample_text(model, tokenizer, n_tokens: int, seed: int = 0, prompt: str = "") -> str:
-    """A short sample from the model (its own RNG: the training RNG is never touched)."""
-    gen = Generator(model, tokenizer)
-    settings = SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
-    return gen.complete(tokenizer.encode(prompt, unknown="drop") if prompt else [], settings)
 
 
 class TrainView:
     """Call it with each training event."""
 
-    def __init__(self, console: Console, sample_tokens: int = 200, log_every: int = 50):
+    def __init__(self, console: Console, log_every: int = 50):
         self.console = console
         self.live = console.is_terminal
-        self.sample_tokens = sample_tokens
         self.log_every = log_every
         self.progress: Progress | None = None
         self.encode_task = self.train_task = None
@@ -92,7 +83,7 @@ class TrainView:
             if self.encode_task is not None:
                 p.update(self.encode_task, visible=False)
             self.train_task = p.add_task("training", total=t.max_time if t.max_time else t.steps,
-                                         completed=e.train_config.max_time and 0 or e.start_step, info="")
+                                         completed=0 if t.max_time else e.start_step, info="")
 
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
@@ -113,11 +104,10 @@ class TrainView:
             f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
             f"{e.val_bpc:.3f} bits/char{best}", highlight=False
         )
-        if self.sample_tokens:
-            text = sample_text(e.model, e.tokenizer, min(self.sample_tokens, 120), seed=e.step)
-            self.console.print(Text("  ") + Text(safe_text(text.replace("\n", " ⏎ ")), style="dim italic"))
+        if e.sample is not None:
+            self.console.print(Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic"))
 
-    def finish(self, result: Result, final_sample: str | None) -> None:
+    def finish(self, result: Result) -> None:
         self.close()
         table = Table(title="training done" if result.stopped != "interrupted" else "training interrupted", show_header=False)
         table.add_column(style="bold")
@@ -126,13 +116,13 @@ class TrainView:
         table.add_row("steps", f"{result.step} ({why[result.stopped]})")
         table.add_row("time", f"{result.train_seconds:.1f}s")
         table.add_row("parameters", f"{result.params:,}")
-        if result.best_val_loss != float("inf"):
+        if result.best_val_loss is not None:
             table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
         table.add_row("checkpoints", Text(f"{result.out_dir}/best.pt, last.pt"))  # Text: a path is not markup
         self.console.print(table)
-        if final_sample:
+        if result.sample:
             self.console.print("[bold]sample:[/]")
-            self.console.print(Text(safe_text(final_sample), style="italic"))
+            self.console.print(Text(safe_text(result.sample), style="italic"))
         self.console.print("\n[bold]try next:[/]")
         run = shlex.quote(str(result.out_dir))  # printed to be copied into a shell, never read as markup
         self.console.print(f"  charlm chat {run}", markup=False, highlight=False)

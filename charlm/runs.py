@@ -1,0 +1,82 @@
+"""Run directories: where a new run goes, which run `--resume` continues, and THE rule for what a
+resumed run may change. The rule is read from the config fields (config.flag(resumable=...)), so a new
+setting states whether it may change on resume where it is defined."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+
+from charlm.config import ConfigError, ModelConfig, TrainConfig, flag_name
+
+RUNS = Path("checkpoints")
+
+
+def _base(corpus: str, kind: str, tokenizer: str) -> str:
+    return f"{Path(corpus).stem or 'corpus'}-{kind}-{tokenizer}"
+
+
+def default_out(corpus: str, kind: str, tokenizer: str) -> Path:
+    """checkpoints/<corpus>-<model>-<tokenizer>, numbered when that name is taken."""
+    base = RUNS / _base(corpus, kind, tokenizer)
+    out, n = base, 2
+    while (out / "last.pt").exists():
+        out, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return out
+
+
+def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
+    base = _base(corpus, kind, tokenizer)
+    runs = [p for p in RUNS.glob(f"{base}*") if (p / "last.pt").exists()]
+    if not runs:
+        raise ConfigError(f"--resume found no run {RUNS}/{base}*/last.pt: name the run with --out DIR")
+    return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
+
+
+def check_world_size(out: Path, trained_on: int, world_size: int) -> None:
+    if trained_on != world_size:  # each rank's batches are part of the run
+        raise ConfigError(f"--resume: {out} was trained with {trained_on} process(es), not {world_size}; resume it "
+                          f"with --nproc {trained_on} (or torchrun --nproc-per-node {trained_on})")
+
+
+def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1,
+                   given: set[str] | None = None) -> tuple[ModelConfig, TrainConfig]:
+    """The configs a resumed run continues with: the saved ones, with the settings the user gave applied
+    where the field says it may change (resumable), and a one-line error where it may not.
+
+    saved: the checkpoint.Saved of out/last.pt. given: the field names the user set (a --preset counts
+    as setting every size it holds, "preset:<field>"; model fields are "model.<field>"); None means every
+    field of the configs passed in (a caller that builds configs in code, as the Trainer's own check does)."""
+    check_world_size(out, saved.world_size, world_size)
+    old_model, old_train = saved.model_config, saved.train_config
+    if given is None:
+        given = {f.name for f in fields(TrainConfig)} | {"model." + f.name for f in fields(ModelConfig)}
+    if "model.kind" in given and model_cfg.kind != old_model.kind:
+        raise ConfigError(f"--resume: this run is a {old_model.kind}, not a {model_cfg.kind}; use another --out for a new run")
+    for f in fields(ModelConfig):
+        if f.name in ("kind", "vocab_size"):  # the tokenizer sets vocab_size
+            continue
+        new, old = getattr(model_cfg, f.name), getattr(old_model, f.name)
+        if ("model." + f.name in given or "preset:" + f.name in given) and new != old:
+            source = " (from --preset)" if "model." + f.name not in given else ""
+            raise ConfigError(f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
+                              "drop the flag, or start a new run with another --out")
+    changes = {}
+    for f in fields(TrainConfig):
+        if f.name not in given and "preset:" + f.name not in given:
+            continue
+        new, old = getattr(train_cfg, f.name), getattr(old_train, f.name)
+        if f.metadata.get("resumable"):
+            changes[f.name] = new
+        elif new != old:
+            raise ConfigError(f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}; only "
+                              f"{', '.join('--' + flag_name(r) for r in fields(TrainConfig) if r.metadata.get('resumable'))} may change")
+    if given & {"steps", "max_time"}:  # a new budget replaces the old one: --steps alone means no time limit
+        changes["steps"], changes["max_time"] = train_cfg.steps, train_cfg.max_time
+    new_train = replace(old_train, **changes)
+    if saved.step >= new_train.steps:
+        raise ConfigError(f"--resume: {out} is already at step {saved.step}; give a larger --steps to train on")
+    if new_train.max_time and saved.train_seconds >= new_train.max_time:
+        raise ConfigError(f"--resume: {out} has already trained for {saved.train_seconds:.0f}s; "
+                          "give a larger --max-time (the total) or --steps to train on")
+    return old_model, new_train

@@ -1,0 +1,30 @@
+"""Where and how the numbers are computed: the device, and the autocast dtype of matrix products.
+Shared by training and by the commands that only run a model (sample, chat, eval, compare)."""
+
+from __future__ import annotations
+
+import torch
+
+from charlm.config import ConfigError
+
+
+def pick_device(name: str) -> str:
+    """auto: cuda when PyTorch sees a GPU, else cpu."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but PyTorch sees no CUDA GPU: use --device cpu")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def autocast_dtype(device: str, precision: str) -> torch.dtype | None:
+    """The dtype matrix products run in under autocast (weights stay float32), or None for plain fp32.
+
+    auto: bf16 on GPUs that have it (fp16 on older ones), and on CPUs with native bf16 instructions
+    (AVX512-BF16 or AMX), where it makes the tiny LSTM ~1.5x faster (benchmarks/RESULTS.md)."""
+    if precision == "fp32":
+        return None
+    if device == "cuda":
+        return torch.bfloat16 if precision == "bf16" or torch.cuda.is_bf16_supported() else torch.float16
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if precision == "bf16" or native_bf16 else None
