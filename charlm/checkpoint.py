@@ -109,8 +109,8 @@ class Saved:
         for name, types in TYPES.items():
             value = data.get(name)
             if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
-                raise CheckpointError(f"{path} is a damaged charlm checkpoint ({name} is a {type(value).__name__}, "
-                                      f"not a {' or '.join(t.__name__ for t in types)})")
+                raise CheckpointError(f"{path} is a damaged charlm checkpoint ({name} should be "
+                                      f"{' or '.join(t.__name__ for t in types)}, not {type(value).__name__})")
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
             train_config = TrainConfig.from_dict(data["train_config"]).validate()

@@ -101,16 +101,16 @@ def config_options(cls, defaults: dict | None = None, only: tuple[str, ...] | No
         if m.get("choices"):
             kw["type"] = click.Choice(m["choices"])
         if m.get("from_preset"):
-            kw.update(type=type(f.default), help=kw["help"] + " [default: from --preset]")
+            kw.update(type=type(f.default), default=None, help=kw["help"] + " [default: from --preset]")
         elif m.get("derived"):
-            kw["type"] = str if f.name == "max_time" else int
+            kw.update(type=str if f.name == "max_time" else int, default=None)
         elif f.type in ("bool", bool):
             decls[0] = f"--{name}/--no-{name}"
             kw.update(default=f.default, show_default=True)
         elif f.default_factory is not dataclasses.MISSING:  # a list: a repeatable flag
             kw["multiple"] = True
         elif f.default is None:
-            kw["type"] = int
+            kw.update(type=int, default=None)
         else:
             default = (defaults or {}).get(f.name, f.default)
             kw.update(default=default, show_default=True)

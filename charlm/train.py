@@ -255,7 +255,7 @@ class Trainer:
             distributed.barrier()
         if self.tokenizer.vocab_size < 2:
             raise CorpusError(f"{corpus} holds a single distinct character: there is nothing to learn from it")
-        self.model_cfg = replace(model_cfg, vocab_size=self.tokenizer.vocab_size).validate()
+        self.model_cfg = replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
         self.batches = Batches(load_tokens(tokens_path), context=self.model_cfg.context, val_fraction=self.cfg.val_fraction)
         self.batches.check()
         self.corpus = Corpus(name=Path(corpus).name, sha256=corpus_sha, train_tokens=len(self.batches.train),

@@ -264,3 +264,64 @@ def test_loading_never_runs_code_from_the_file(tmp_path, container):
     r = CliRunner().invoke(main, ["info", str(evil)])
     assert r.exit_code == 1 and "is not a charlm checkpoint" in r.stderr
     assert not marker.exists(), "loading a checkpoint executed code from it"
+
+
+# ---- the schema: format 1 still loads, a damaged field is one line -------------------------------
+
+
+def _v1(saved: Path, tmp: Path) -> Path:
+    """A checkpoint as charlm wrote it in format 1, built by hand: inf for "not evaluated yet" and the
+    process count inside a "distributed" dict."""
+    data = raw(saved)
+    v1 = {k: v for k, v in data.items() if k not in ("world_size", "weights_sha256", "metrics", "scaler")}
+    v1.update(version=1, best_val_loss=float("inf"), best_val_bpc=float("inf"), metrics={"step": data["step"]},
+              distributed={"world_size": 1, "weights_sha256": ["ab" * 32]})
+    p = tmp / "v1.pt"
+    torch.save(v1, p)
+    return p
+
+
+def test_a_format_1_checkpoint_still_loads(saved, tmp_path):
+    p = _v1(saved, tmp_path)
+    ckpt = checkpoint.load(p)
+    assert ckpt.saved.best_val_loss is None and ckpt.saved.best_val_bpc is None  # inf meant: no evaluation yet
+    assert ckpt.saved.world_size == 1 and ckpt.saved.weights_sha256 == ["ab" * 32]
+    assert ckpt.saved.step == 3 and ckpt.saved.corpus.name == "romeo.txt"
+    assert ckpt.model_config == checkpoint.load(saved).model_config
+    r = CliRunner().invoke(main, ["info", str(p), "--json"])
+    assert r.exit_code == 0 and '"best_val_loss": null' in r.stdout
+    # and its training state resumes: a format-1 run continues
+    tmp = tmp_path / "old"
+    tmp.mkdir()
+    (tmp / "last.pt").write_bytes(p.read_bytes())
+    corpus = tmp_path / "romeo.txt"
+    train_cfg = checkpoint.read(p).train_config
+    resumed = Trainer(corpus, checkpoint.read(p).model_config, train_cfg, tmp, resume=True)
+    assert resumed.step == 3 and resumed.best_val_loss is None
+    resumed.fit(until=4)
+    assert checkpoint.read(tmp / "last.pt").step == 4
+    assert torch.load(tmp / "last.pt", weights_only=True)["version"] == checkpoint.VERSION
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("step", "three", "step should be int, not str"),
+    ("best_val_loss", "low", "best_val_loss should be int or float, not str"),
+    ("train_seconds", [1.0], "train_seconds should be int or float, not list"),
+    ("model_config", "transformer", "model_config should be dict, not str"),
+    ("corpus", {"name": "romeo.txt"}, "incompatible charlm checkpoint (TypeError"),
+])
+def test_a_mistyped_field_is_one_line(saved, tmp_path, field, value, message):
+    p = tmp_path / "mistyped.pt"
+    torch.save({**raw(saved), field: value}, p)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.read(p)
+    assert message in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
+    r = CliRunner().invoke(main, ["info", str(p)])  # info never crashes on a bad metric
+    assert r.exit_code == 1 and r.stderr.startswith("error: ") and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_missing_field_is_one_line(saved, tmp_path):
+    p = tmp_path / "missing.pt"
+    torch.save({k: v for k, v in raw(saved).items() if k != "step"}, p)
+    with pytest.raises(CheckpointError, match=r"incomplete charlm checkpoint \(missing step\)$"):
+        checkpoint.read(p)

@@ -219,7 +219,7 @@ def test_grad_accum_averages_the_micro_batches(tmp_path):
                                    precision="fp32")  # the reference below runs in float32
     run = Trainer(corpus, model_cfg, cfg, tmp_path / "run")
     torch.manual_seed(cfg.seed)
-    model = build_model(model_cfg)
+    model = build_model(run.model_cfg)  # the trainer's copy, with the tokenizer's vocabulary size
     assert sha256_of_weights(model.state_dict()) == sha256_of_weights(run.model.state_dict())  # same start
     run.fit()
     opt = make_optimizer(model, cfg, "cpu")

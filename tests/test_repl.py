@@ -144,7 +144,7 @@ def test_piped_stdin_is_scriptable(gen_runs, tmp_path):
     hints go to stderr; unknown characters get a one-line warning and are dropped."""
     out = chat_piped(gen_runs["tf"], tmp_path, ["/set temperature 0", "/set max_tokens 51", "ROMEO:", "/bogus",
                                                 "window breaks?", "ROMEO:ü", "/set stop t, w", "ROMEO:",
-                                                '"""/bogus"""', "/quit", "never read"])
+                                                '"""/bogus"""', "/quit", "never read"], "--unknown", "drop")
     assert out.returncode == 0
     ck = checkpoint.load(gen_runs["tf"])  # the library's greedy continuation of "/bogus", shown safely
     fenced_bogus = safe_text(Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("/bogus"),

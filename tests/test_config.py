@@ -1,0 +1,118 @@
+"""The configs are the one source of the command-line flags: every field has exactly one flag whose
+default is the field's (or the preset's), or is marked internal; every option has a help line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from charlm.cli import main
+from charlm.config import PRESET_TABLE, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name
+
+# fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
+INTERNAL = {(ModelConfig, "vocab_size"), (ModelConfig, "mlp_ratio"), (TrainConfig, "min_lr_ratio"),
+            (TrainConfig, "beta2"), (TrainConfig, "grad_clip"), (TrainConfig, "val_fraction")}
+# fields whose CLI default the command works out: --steps and --max-time from each other
+DERIVED = {"steps": None, "max_time": None}
+# per-command defaults of the sampling flags
+MAX_TOKENS = {"sample": 500, "chat": 200, "compare": 200}
+
+
+def options(command: str) -> dict[str, click.Option]:
+    return {o.name: o for o in main.commands[command].params if isinstance(o, click.Option)}
+
+
+def field_options(command: str, cls) -> dict[str, list[click.Option]]:
+    """Each field of cls: the options of `command` that are its flag."""
+    opts = options(command).values()
+    return {f.name: [o for o in opts if flag_name(f) and f"--{flag_name(f)}" in o.opts] for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("cls", [ModelConfig, TrainConfig])
+def test_every_train_field_has_one_flag_with_its_default(cls):
+    preset_fields = {k for sizes in PRESET_TABLE["transformer"].values() for k in sizes}
+    for name, found in field_options("train", cls).items():
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        if (cls, name) in INTERNAL:
+            assert flag_name(f) is None and found == [], name
+            continue
+        assert len(found) == 1, f"{name}: {len(found)} flags"
+        (o,) = found
+        assert o.help, name
+        if name in preset_fields:  # the CLI default is the preset's, and the help says so
+            assert f.metadata["from_preset"] and o.default is None and "from --preset" in o.help, name
+        elif name in DERIVED:
+            assert o.default is DERIVED[name], name
+        else:
+            assert o.default == f.default, name
+
+
+def test_preset_driven_fields_are_those_of_the_presets():
+    marked = {f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("from_preset")}
+    assert marked == {k for table in PRESET_TABLE.values() for sizes in table.values() for k in sizes}
+
+
+@pytest.mark.parametrize("command", ["sample", "chat", "compare"])
+def test_sampling_flags_come_from_sample_config(command):
+    for name, found in field_options(command, SampleConfig).items():
+        if command == "compare" and name in ("repetition_penalty", "stop"):
+            assert found == [], name
+            continue
+        assert len(found) == 1, f"{command} {name}"
+        default = dataclasses.fields(SampleConfig)[[f.name for f in dataclasses.fields(SampleConfig)].index(name)]
+        want = MAX_TOKENS[command] if name == "max_tokens" else default.default
+        if name == "stop":
+            assert found[0].multiple
+        else:
+            assert found[0].default == want, f"{command} {name}"
+
+
+@pytest.mark.parametrize("command", sorted(main.commands))
+def test_every_option_has_help(command):
+    for o in options(command).values():
+        assert o.help, f"charlm {command} {o.opts[0]} has no help line"
+
+
+def test_device_and_unknown_are_the_same_everywhere():
+    for command in ("train", "sample", "chat", "eval", "compare"):
+        o = options(command)["device"]
+        assert o.default == "auto" and list(o.type.choices) == ["auto", "cpu", "cuda"] and "auto:" in o.help, command
+    for command in ("sample", "chat", "eval", "attn", "gates", "compare"):
+        o = options(command)["unknown"]
+        assert o.default == "error" and list(o.type.choices) == ["error", "drop", "replace"], command
+
+
+def test_resumable_fields():
+    resumable = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("resumable")}
+    assert resumable == {"steps", "max_time", "device", "precision", "compile", "eval_interval", "eval_iters",
+                         "sample_tokens"}
+    assert not any(f.metadata.get("resumable") for f in dataclasses.fields(ModelConfig))
+
+
+def test_seed_is_validated_once_at_the_edge(tmp_path):
+    with pytest.raises(ConfigError, match=r"--seed must be between 0 and 2\^63 - 1, got -1"):
+        TrainConfig(seed=-1).validate()
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world\n" * 20)
+    r = CliRunner().invoke(main, ["train", str(corpus), "--seed", str(2**63), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1 and r.stderr.strip() == f"error: --seed must be between 0 and 2^63 - 1, got {2**63}"
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_validates_each_config_once(tmp_path, monkeypatch):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world, hello moon\n" * 40)
+    calls = []
+    for cls in (ModelConfig, TrainConfig):
+        original = cls.validate
+        monkeypatch.setattr(cls, "validate", lambda self, o=original, c=cls: calls.append(c.__name__) or o(self))
+    r = CliRunner().invoke(main, ["train", str(corpus), "--layers", "1", "--d-model", "16", "--heads", "2",
+                                  "--context", "8", "--steps", "2", "--eval-interval", "2", "--eval-iters", "1",
+                                  "--sample-tokens", "0", "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    # the CLI's one check of each, before any work; the second ModelConfig is build_model's own guard (models/,
+    # an entry point of its own). It was three of each before.
+    assert sorted(calls) == ["ModelConfig", "ModelConfig", "TrainConfig"]
