@@ -21,7 +21,6 @@ from click.testing import CliRunner
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.config import ModelConfig
 from charlm.train import Trainer
 
 TEXT = (

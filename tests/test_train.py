@@ -15,8 +15,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from charlm import checkpoint
 from charlm.checkpoint import CheckpointError
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
+from charlm.generate import Generator
 from charlm.train import (Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at)
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
@@ -305,3 +306,19 @@ def test_bf16_training_learns(tmp_path):
         assert all(p.dtype == torch.float32 for p in run.model.parameters())
     assert losses["bf16"] < 0.5 * math.log(run.model_cfg.vocab_size)  # the trainer never changes the caller's config
     assert abs(losses["bf16"] - losses["fp32"]) < 0.25
+
+
+def test_the_trainer_writes_the_samples_and_they_leave_training_alone(corpus, tmp_path):
+    """Evaluated and Result carry sample text (views only draw it); sampling uses its own RNG, so a run
+    with samples trains exactly the weights of a run without."""
+    events = []
+    with_samples = make(corpus, tmp_path / "a", on_event=events.append, steps=10, sample_tokens=30)
+    result = with_samples.fit()
+    without = make(corpus, tmp_path / "b", steps=10)
+    assert without.fit().sample is None
+    assert_bit_identical(weights(with_samples.model), weights(without.model))
+    samples = [e.sample for e in events if isinstance(e, Evaluated)]
+    assert len(samples) == 2 and all(isinstance(s, str) and s for s in samples)
+    ckpt = checkpoint.load(tmp_path / "a" / "last.pt")  # the final sample is the saved model's, seeded by --seed
+    want = Generator(ckpt.model, ckpt.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=30, seed=1337))
+    assert result.sample == want
