@@ -208,7 +208,7 @@ def test_npy_writer_header_does_not_depend_on_length(tmp_path):
 
 
 def test_interrupted_encoding_and_leftover_temp_files(tmp_path, cache):
-    p = write(tmp_path, "t.txt", TEXT.encode() * 2000)  # several 1 MB chunks
+    p = write(tmp_path, "t.txt", TEXT.encode() * 700)  # three 1 MB chunks
     tok = CharTokenizer.train([TEXT])
 
     def interrupt(done, total):
@@ -223,7 +223,7 @@ def test_interrupted_encoding_and_leftover_temp_files(tmp_path, cache):
     for pid in (os.getpid(), 999999):
         out.with_name(f"{out.name}.{pid}.tmp").write_bytes(b"garbage")
     assert encode_corpus(p, tok) == out
-    assert load_tokens(out).tolist() == tok.encode(TEXT) * 2000
+    assert np.array_equal(load_tokens(out), np.tile(tok.encode(TEXT), 700))
 
 
 def test_prepare_hashes_the_corpus_once(tmp_path, monkeypatch):
@@ -239,7 +239,7 @@ def test_prepare_hashes_the_corpus_once(tmp_path, monkeypatch):
     assert len(calls) == 4 and given == sha and tok.decode(load_tokens(tokens_path)) == TEXT
 
 
-LINES = [f"line {i:05d} 中文 😀 {'x' * (i % 37)}\n" for i in range(3000)]
+LINES = [f"line {i:05d} 中文 😀 {'x' * (i % 37)}\n" for i in range(1500)]
 
 
 def test_sample_corpus(tmp_path):
@@ -252,7 +252,7 @@ def test_sample_corpus(tmp_path):
     lines = [line for w in sample for line in w.splitlines(keepends=True)]
     assert set(lines) <= set(LINES)  # whole lines only: nothing cut, CRLF and BOM gone
     numbers = [int(line.split()[1]) for line in lines]
-    assert numbers[0] == 0 and numbers[-1] == 2999 and numbers == sorted(numbers)  # spread from start to end
+    assert numbers[0] == 0 and numbers[-1] == len(LINES) - 1 and numbers == sorted(numbers)  # spread from start to end
     # a file that is one huge line: the windows are kept whole, minus characters cut at their edges
     p = write(tmp_path, "one-line.txt", "中文😀".encode() * 20000)
     sample = list(sample_corpus(p, 8192, windows=4))

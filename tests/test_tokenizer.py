@@ -76,12 +76,12 @@ def test_bpe_encode_array_in_pieces_matches_encode(bpe):
     # a long text is cut into pieces of >= PIECE_CHARS at "X\nY" boundaries; blank lines and indents are never cut
     rng = random.Random(2)
     lines = ["the cat", "  indented", "", "\t", "你好 😀", "x,'s", " "]
-    text = "\n".join(rng.choice(lines) for _ in range(30000))
+    text = "\n".join(rng.choice(lines) for _ in range(12000))
     pieces = _pieces(text, 1000)
     assert "".join(pieces) == text and len(pieces) > 50
     assert all(len(piece) >= 1000 and re.search(r"\S\n$", piece) for piece in pieces[:-1])
     assert all(re.match(r"\S", piece) for piece in pieces[1:])
-    assert len(text) > 4 * PIECE_CHARS and bpe.encode_array(text).tolist() == bpe.encode(text)
+    assert len(text) > 2 * PIECE_CHARS and bpe.encode_array(text).tolist() == bpe.encode(text)
     assert _pieces("short") == ["short"] and _pieces("") == [""]
 
 
