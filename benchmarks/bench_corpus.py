@@ -2,6 +2,9 @@
 
     python benchmarks/bench_corpus.py                          # char 10×, 100×; BPE 10×, 100× (~10 min on 2 cores)
     python benchmarks/bench_corpus.py --cases char:10 bpe:10   # a quick look
+    python benchmarks/bench_corpus.py --cases char:100 bpe:100 --compare /work/main . --repeats 3
+                                        # first runs of two checkouts, alternating: medians and ratios
+    python benchmarks/bench_corpus.py --bpe-sample              # compression of BPE merges learnt from a sample
 
 Each case builds the corpus in --dir (tinyshakespeare.txt repeated N times; 100× is 112 MB), then runs
 three fresh subprocesses, one after another, so each peak RSS (resource.getrusage ru_maxrss) is that
@@ -12,7 +15,8 @@ step's alone:
               (its RSS counts the mapped pages of the token file it touched: page cache, bounded by
               the file size, which the kernel can reclaim; "file-backed" shows how much)
 "import" is the RSS of a process that has only imported torch and charlm: the floor under every row.
-The encode rate comes from the progress callback (the time between its first and last call).
+The encode rate comes from the progress callback (the time between its first and last call); "cores" is
+the CPU time of the first run over its wall time (2.0 = both cores busy throughout).
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ def rss_parts_mb() -> dict:
     return {"anon_mb": parts["RssAnon"], "file_mb": parts["RssFile"]}
 
 
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # all threads, Rust's included
+    return r.ru_utime + r.ru_stime
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -64,9 +73,10 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
     out: dict = {"import_mb": floor}
     if step in ("first", "rerun"):
         marks: list[tuple[float, int]] = []
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
         tok, tokens_path, _ = data.prepare(corpus, kind, vocab, progress=lambda done, total: marks.append((time.perf_counter(), done)))
         out["seconds"] = time.perf_counter() - t0
+        out["cores"] = (cpu_seconds() - cpu0) / out["seconds"]
         out["tokens"] = len(data.load_tokens(tokens_path))
         if len(marks) > 2:  # bytes encoded after the first callback, over the time they took
             (t_first, d_first), (t_last, d_last) = marks[0], marks[-1]
@@ -86,8 +96,10 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
     return out
 
 
-def run_child(step: str, corpus: Path, kind: str, vocab: int, cache: Path) -> dict:
+def run_child(step: str, corpus: Path, kind: str, vocab: int, cache: Path, code: Path | None = None) -> dict:
     env = {**os.environ, "CHARLM_CACHE": str(cache), "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "2"}
+    if code:  # import charlm from that checkout
+        env["PYTHONPATH"] = str(code.resolve())
     cmd = [sys.executable, __file__, "--child", step, str(corpus), kind, str(vocab)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -106,12 +118,77 @@ def build(times: int, where: Path) -> Path:
     return path
 
 
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+def compare(cases: list[str], codes: list[Path], repeats: int, vocab: int, where: Path) -> None:
+    """First runs (empty cache) of each checkout in turn, `repeats` rounds, so a busy spell hits both alike."""
+    rows = []
+    for case in cases:
+        kind, times = case.split(":")
+        corpus = build(int(times), where)
+        runs: dict[Path, list[dict]] = {code: [] for code in codes}
+        for i in range(repeats):
+            for code in codes:
+                cache = where / "cache-compare"
+                shutil.rmtree(cache, ignore_errors=True)
+                load = os.getloadavg()[0]
+                runs[code].append({**run_child("first", corpus, kind, vocab, cache, code), "load": load})
+                print(json.dumps({"case": case, "code": str(code), "round": i, **runs[code][-1]}), flush=True)
+                shutil.rmtree(cache, ignore_errors=True)
+        rows.append((f"{kind} {times}×", runs))
+    base = codes[0]
+    # on a shared machine the CPU time (all threads) is steadier than the wall time
+    print(f"\n| corpus | checkout | first run (s), median | runs (s) | vs {base} | CPU (s), median | vs {base} "
+          "| peak RSS (MB), median | cores | load avg |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for case, runs in rows:
+        for code, rs in runs.items():
+            t = median([r["seconds"] for r in rs])
+            ratio = median([r["seconds"] for r in runs[base]]) / t
+            cpu = median([r["cores"] * r["seconds"] for r in rs])
+            cpu_ratio = median([r["cores"] * r["seconds"] for r in runs[base]]) / cpu
+            each = ", ".join(f"{r['seconds']:.1f}" for r in rs)
+            print(f"| {case} | {code} | {t:.1f} | {each} | {ratio:.2f}× | {cpu:.1f} | {cpu_ratio:.2f}× "
+                  f"| {median([r['peak_mb'] for r in rs]):.0f} | {median([r['cores'] for r in rs]):.2f} "
+                  f"| {min(r['load'] for r in rs):.1f}–{max(r['load'] for r in rs):.1f} |")
+
+
+def bpe_sample(vocabs: list[int], fraction: float, where: Path) -> None:
+    """Merges learnt from all of tinyshakespeare's first 90% vs from a sample_corpus() of `fraction` of it
+    (16 MB of a 110 MB corpus is 0.145): chars per token on its last 10% and on held-out sonnets."""
+    from charlm import data
+    from charlm.tokenizer import BPETokenizer
+
+    text = "".join(data.iter_corpus(SOURCE))
+    train, val = text[: int(len(text) * 0.9)], text[int(len(text) * 0.9) :]
+    sonnets = "".join(data.iter_corpus(ROOT / "corpora" / "heldout-sonnets.txt"))
+    path = where / "tinyshakespeare-train90.txt"
+    path.write_text(train, encoding="utf-8")
+    max_bytes = int(path.stat().st_size * fraction)
+    print(f"\nsample: {max_bytes:,} of {path.stat().st_size:,} bytes in 64 windows")
+    print("| vocab | trained on | chars/token, last 10% | chars/token, sonnets | train (s) |")
+    print("|---:|---|---:|---:|---:|")
+    for vocab in vocabs:
+        for name, chunks in (("all", lambda: data.iter_corpus(path)), ("sample", lambda: data.sample_corpus(path, max_bytes))):
+            t0 = time.perf_counter()
+            tok = BPETokenizer.train(chunks(), vocab)
+            secs = time.perf_counter() - t0
+            cpt = [len(t) / len(tok.encode_array(t)) for t in (val, sonnets)]
+            print(f"| {vocab} | {name} | {cpt[0]:.3f} | {cpt[1]:.3f} | {secs:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", nargs="+", default=["char:10", "char:100", "bpe:10", "bpe:100"], help="kind:times")
     ap.add_argument("--vocab", type=int, default=1024, help="BPE vocabulary size")
     ap.add_argument("--reruns", type=int, default=3, help="cache-hit runs per case (median shown)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/charlm-bench-corpus"))
+    ap.add_argument("--compare", nargs="+", type=Path, metavar="CHECKOUT", help="time first runs of these checkouts")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of --compare")
+    ap.add_argument("--bpe-sample", action="store_true", help="compare BPE merges from a sample with merges from all")
     ap.add_argument("--child", nargs=4, metavar=("STEP", "CORPUS", "KIND", "VOCAB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -121,6 +198,12 @@ def main() -> None:
 
     args.dir.mkdir(parents=True, exist_ok=True)
     print(f"# {platform.node()} · {os.cpu_count()} cores · python {platform.python_version()}", flush=True)
+    if args.bpe_sample:
+        bpe_sample([256 + 256, 1024, 2048, 4096], 16 / 110, args.dir)
+        return
+    if args.compare:
+        compare(args.cases, args.compare, args.repeats, args.vocab, args.dir)
+        return
     rows = []
     for case in args.cases:
         kind, times = case.split(":")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -42,6 +43,8 @@ def _looks_binary(head: bytes) -> bool:
 
 
 def _normalise(text: str) -> str:
+    if "\r" not in text:  # the common case, at memchr speed instead of two copies of the text
+        return text
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -95,8 +98,40 @@ def iter_corpus(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> Iterator
 def corpus_sha256(path: str | os.PathLike) -> str:
     path = Path(path)
     _check_file(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:  # hashlib.file_digest would do this, but only from Python 3.11
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+BPE_SAMPLE_BYTES = 16 << 20  # BPE merges are learnt from at most this much text (see sample_corpus)
+
+
+def sample_corpus(path: str | os.PathLike, max_bytes: int = BPE_SAMPLE_BYTES, windows: int = 64) -> Iterator[str]:
+    """The whole text if the file is at most max_bytes; else `windows` evenly spaced stretches of it, max_bytes
+    in all, each trimmed to whole lines: a deterministic sample of a huge corpus to learn BPE merges from.
+
+    Counting pairs over the whole of a 100 MB file costs more than encoding it, for merges that barely change
+    (benchmarks/notes-corpus.md). Errors in the file are left to the encoding pass, which reads all of it.
+    """
+    path = Path(path)
+    _check_file(path)
+    size = path.stat().st_size
+    if size <= max_bytes:
+        yield from iter_corpus(path)
+        return
+    window = max(1, max_bytes // windows)
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for i in range(windows):
+            f.seek(i * (size - window) // (windows - 1))
+            block = f.read(window)
+            # whole lines only, so no character or word is cut; a window inside one huge line is kept whole
+            start, end = (block.find(b"\n") + 1 if i else 0), block.rfind(b"\n") + 1
+            if end <= start:
+                start, end = 0, len(block)
+            text = block[start:end].decode("utf-8", errors="ignore")  # drops characters cut at the edges
+            yield _normalise(text.removeprefix("\ufeff") if i == 0 else text)
 
 
 # ----------------------------------------------------------------------------- the token cache
@@ -107,6 +142,27 @@ def cache_dir() -> Path:
         return Path(os.environ["CHARLM_CACHE"])
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "charlm"
+
+
+def _npy_header(n: int, dtype: np.dtype) -> bytes:
+    # numpy pads the header to a fixed length for any 1-D shape below 10**21 elements (so that it can be
+    # rewritten in place when an array grows), which lets us write it again once the length is known
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)}
+    )
+    return buf.getvalue()
+
+
+def _write_npy(f, arrays: Iterable[np.ndarray], dtype: np.dtype) -> None:
+    """Stream 1-D arrays into one .npy file: memory holds one array at a time, never all of them."""
+    f.write(_npy_header(0, dtype))  # a placeholder of the same length
+    n = 0
+    for a in arrays:
+        f.write(np.ascontiguousarray(a, dtype=dtype).data)
+        n += len(a)
+    f.seek(0)
+    f.write(_npy_header(n, dtype))
 
 
 def _atomic_write(path: Path, write: Callable) -> None:
@@ -121,29 +177,37 @@ def _atomic_write(path: Path, write: Callable) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def encode_corpus(path: str | os.PathLike, tokenizer: Tokenizer, progress: Progress | None = None) -> Path:
-    """Encode the corpus once into cache_dir()/tokens/<corpus sha>-<tokenizer sha>.npy and return that path."""
-    sha = corpus_sha256(path)
+def encode_corpus(
+    path: str | os.PathLike, tokenizer: Tokenizer, progress: Progress | None = None, sha256: str | None = None
+) -> Path:
+    """Encode the corpus once into cache_dir()/tokens/<corpus sha>-<tokenizer sha>.npy and return that path.
+
+    Pass `sha256` (the corpus's corpus_sha256) when you have it, to spare hashing the file again.
+    """
+    sha = sha256 or corpus_sha256(path)
     tok_sha = hashlib.sha256(tokenizer.to_json().encode()).hexdigest()
     out = cache_dir() / "tokens" / f"{sha[:16]}-{tok_sha[:16]}.npy"
     if out.exists():
         return out
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32  # ids go up to vocab_size - 1
-    total, done, parts = Path(path).stat().st_size, 0, []
-    for chunk in iter_corpus(path):
-        try:
-            parts.append(tokenizer.encode_array(chunk).astype(dtype))
-        except UnknownCharactersError as e:
-            shown = ", ".join(repr(c) for c in e.chars[:10])
-            raise CorpusError(
-                f"{path} has {len(e.chars)} characters the tokenizer never saw: {shown}; "
-                "train a new model on this text instead of resuming"
-            ) from None
-        done += len(chunk.encode("utf-8"))  # approximate: newlines and BOM were normalised
-        if progress:
-            progress(min(done, total), total)
-    tokens = np.concatenate(parts)
-    _atomic_write(out, lambda f: np.save(f, tokens))
+    total = Path(path).stat().st_size
+
+    def encoded() -> Iterator[np.ndarray]:
+        done = 0
+        for chunk in iter_corpus(path):
+            try:
+                yield tokenizer.encode_array(chunk)
+            except UnknownCharactersError as e:
+                shown = ", ".join(repr(c) for c in e.chars[:10])
+                raise CorpusError(
+                    f"{path} has {len(e.chars)} characters the tokenizer never saw: {shown}; "
+                    "train a new model on this text instead of resuming"
+                ) from None
+            done += len(chunk.encode("utf-8"))  # approximate: newlines and BOM were normalised
+            if progress:
+                progress(min(done, total), total)
+
+    _atomic_write(out, lambda f: _write_npy(f, encoded(), dtype))
     if progress:
         progress(total, total)
     return out
@@ -159,20 +223,25 @@ def prepare(
     vocab_size: int | None,
     tokenizer: Tokenizer | None = None,
     progress: Progress | None = None,
+    sha256: str | None = None,
 ) -> tuple[Tokenizer, Path, str]:
     """Train (or reuse) the tokenizer and encode the corpus: returns (tokenizer, tokens_path, corpus sha256).
 
-    Pass `tokenizer` when resuming: the checkpoint's tokenizer must be used, not a retrained one.
+    Pass `tokenizer` when resuming: the checkpoint's tokenizer must be used, not a retrained one; and
+    `sha256` when the caller already hashed the file (the file is then not hashed at all here).
+    A BPE tokenizer learns its merges from sample_corpus(): all the text up to BPE_SAMPLE_BYTES, a sample above.
     """
-    sha = corpus_sha256(path)
+    sha = sha256 or corpus_sha256(path)
     if tokenizer is None:
         tok_path = cache_dir() / "tokenizers" / f"{sha[:16]}-{kind}-{vocab_size if kind == 'bpe' else 'all'}.json"
         if tok_path.exists():
             tokenizer = tokenizer_from_json(tok_path.read_text(encoding="utf-8"))
         else:
-            tokenizer = train_tokenizer(kind, lambda: iter_corpus(path), vocab_size)
+            # a char vocabulary must see every character; BPE merges only need representative text
+            text = (lambda: sample_corpus(path, BPE_SAMPLE_BYTES)) if kind == "bpe" else (lambda: iter_corpus(path))
+            tokenizer = train_tokenizer(kind, text, vocab_size)
             _atomic_write(tok_path, lambda f: f.write(tokenizer.to_json().encode("utf-8")))
-    return tokenizer, encode_corpus(path, tokenizer, progress), sha
+    return tokenizer, encode_corpus(path, tokenizer, progress, sha256=sha), sha
 
 
 # ----------------------------------------------------------------------------- batches

@@ -1,11 +1,14 @@
 import hashlib
 import math
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from charlm import data
 from charlm.data import (
     Batches,
     CorpusError,
@@ -16,8 +19,9 @@ from charlm.data import (
     iter_corpus,
     load_tokens,
     prepare,
+    sample_corpus,
 )
-from charlm.tokenizer import CharTokenizer
+from charlm.tokenizer import BPETokenizer, CharTokenizer
 
 TEXT = "First line, plain ASCII.\nSecond: 中文 and émoji 😀\n\nThird\tline with tab.\n" * 40
 
@@ -108,6 +112,8 @@ def test_invalid_byte_split_across_blocks(tmp_path):
 def test_corpus_sha256(tmp_path):
     p = write(tmp_path, "t.txt", TEXT.encode())
     assert corpus_sha256(p) == hashlib.sha256(TEXT.encode()).hexdigest()
+    big = TEXT.encode() * 400  # several read blocks
+    assert corpus_sha256(write(tmp_path, "big.txt", big)) == hashlib.sha256(big).hexdigest()
     with pytest.raises(CorpusError, match="no such file"):
         corpus_sha256(tmp_path / "nope")
 
@@ -172,6 +178,101 @@ def test_prepare_surfaces_corpus_errors(tmp_path):
     p = write(tmp_path, "bad.txt", b"ok\n" * 10 + b"\xff")
     with pytest.raises(CorpusError, match="not UTF-8"):
         prepare(p, "bpe", 300)
+
+
+@pytest.mark.parametrize("chunk_chars", [7, 64, 1 << 20])
+def test_chunked_cache_equals_one_shot_encode(tmp_path, monkeypatch, chunk_chars):
+    # the cache is written chunk by chunk; multi-byte characters and CRLFs straddle the read blocks
+    raw = ("Ünïcode 中文 and 😀👍🏽\r\nplain ascii line\r\n\r\n" * 60).encode()
+    p = write(tmp_path, "t.txt", raw)
+    text = raw.decode().replace("\r\n", "\n")
+    monkeypatch.setattr(data, "iter_corpus", lambda path: iter_corpus(path, chunk_chars=chunk_chars))
+    char = CharTokenizer.train([text])
+    tokens = load_tokens(encode_corpus(p, char))
+    assert tokens.dtype == np.uint16 and tokens.tolist() == char.encode(text)
+    # BPE chunks are encoded separately, as before the cache was streamed: ids of the chunks, in order
+    bpe = BPETokenizer.train([text], 300)
+    tokens = load_tokens(encode_corpus(p, bpe))
+    assert tokens.tolist() == [i for c in iter_corpus(p, chunk_chars=chunk_chars) for i in bpe.encode(c)]
+    assert bpe.decode(tokens) == text
+
+
+def test_npy_writer_header_does_not_depend_on_length(tmp_path):
+    # the header is written before the length is known, then rewritten in place
+    assert len(data._npy_header(0, np.uint16)) == len(data._npy_header(10**15, np.uint32))
+    parts = [np.arange(5), np.arange(0), np.arange(70000, 70003)]
+    with open(tmp_path / "a.npy", "wb") as f:
+        data._write_npy(f, parts, np.uint32)
+    a = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert a.dtype == np.uint32 and a.tolist() == [0, 1, 2, 3, 4, 70000, 70001, 70002]
+
+
+def test_interrupted_encoding_and_leftover_temp_files(tmp_path, cache):
+    p = write(tmp_path, "t.txt", TEXT.encode() * 700)  # three 1 MB chunks
+    tok = CharTokenizer.train([TEXT])
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C after the first chunk
+        encode_corpus(p, tok, progress=interrupt)
+    assert not list((cache / "tokens").iterdir())  # neither a cache entry nor its temp file is left behind
+    out = encode_corpus(p, tok)
+    out.unlink()
+    # a killed run (its pid, or ours reused) leaves garbage in a temp file: the next run is not fooled by it
+    for pid in (os.getpid(), 999999):
+        out.with_name(f"{out.name}.{pid}.tmp").write_bytes(b"garbage")
+    assert encode_corpus(p, tok) == out
+    assert np.array_equal(load_tokens(out), np.tile(tok.encode(TEXT), 700))
+
+
+def test_prepare_hashes_the_corpus_once(tmp_path, monkeypatch):
+    p = write(tmp_path, "t.txt", TEXT.encode())
+    sha = corpus_sha256(p)
+    calls = []
+    monkeypatch.setattr(data, "corpus_sha256", lambda path: calls.append(path) or sha)
+    for kind in ("char", "bpe"):
+        assert prepare(p, kind, 300)[2] == sha
+        assert prepare(p, kind, 300)[2] == sha  # cache hit
+    assert len(calls) == 4
+    tok, tokens_path, given = prepare(p, "char", None, sha256=sha)  # the caller hashed it already: no hashing
+    assert len(calls) == 4 and given == sha and tok.decode(load_tokens(tokens_path)) == TEXT
+
+
+LINES = [f"line {i:05d} 中文 😀 {'x' * (i % 37)}\n" for i in range(1500)]
+
+
+def test_sample_corpus(tmp_path):
+    raw = ("\ufeff" + "".join(LINES)).encode().replace(b"\n", b"\r\n")
+    p = write(tmp_path, "t.txt", raw)
+    assert "".join(sample_corpus(p, len(raw))) == "".join(LINES)  # small enough: all of it, normalised
+    sample = list(sample_corpus(p, 16384, windows=8))
+    assert sample == list(sample_corpus(p, 16384, windows=8))  # deterministic
+    assert len(sample) == 8 and sum(len(w.encode()) for w in sample) <= 16384
+    lines = [line for w in sample for line in w.splitlines(keepends=True)]
+    assert set(lines) <= set(LINES)  # whole lines only: nothing cut, CRLF and BOM gone
+    numbers = [int(line.split()[1]) for line in lines]
+    assert numbers[0] == 0 and numbers[-1] == len(LINES) - 1 and numbers == sorted(numbers)  # spread from start to end
+    # a file that is one huge line: the windows are kept whole, minus characters cut at their edges
+    p = write(tmp_path, "one-line.txt", "中文😀".encode() * 20000)
+    sample = list(sample_corpus(p, 8192, windows=4))
+    assert len(sample) == 4 and all(set(w) <= set("中文😀") and len(w.encode()) >= 2048 - 6 for w in sample)
+
+
+def test_prepare_learns_bpe_from_a_sample_only_above_the_threshold(tmp_path, monkeypatch, cache):
+    p = write(tmp_path, "t.txt", "".join(LINES).encode())
+    size = p.stat().st_size
+    full = BPETokenizer.train(iter_corpus(p), 300).to_json()
+    monkeypatch.setattr(data, "BPE_SAMPLE_BYTES", size)
+    assert prepare(p, "bpe", 300)[0].to_json() == full
+    for _ in range(2):  # deterministic: the same merges from an empty cache again
+        shutil.rmtree(cache)
+        monkeypatch.setattr(data, "BPE_SAMPLE_BYTES", size - 1)
+        tok, tokens_path, _ = prepare(p, "bpe", 300)
+        assert tok.to_json() == BPETokenizer.train(sample_corpus(p, size - 1), 300).to_json() != full
+        assert tok.decode(load_tokens(tokens_path)) == "".join(LINES)  # the whole corpus is encoded
+    monkeypatch.setattr(data, "BPE_SAMPLE_BYTES", 1000)
+    assert prepare(p, "char", None)[0].chars == sorted(set("".join(LINES)))  # a char vocabulary sees everything
 
 
 def test_uint32_for_large_vocab(tmp_path):
@@ -244,7 +345,13 @@ def test_corpus_too_short(n, val_fraction, match):
 
 
 def test_check_accepts_exactly_context_plus_one():
-    Batches(np.zeros(22, dtype=np.uint16), context=10, val_fraction=0.5).check()
+    b = Batches(np.arange(22, dtype=np.uint16), context=10, val_fraction=0.5)
+    assert len(b.train) == len(b.val) == 11
+    b.check()  # accepted: each split holds exactly one window of context + 1 tokens ...
+    x, y = b.get_batch("val", 3, torch.Generator().manual_seed(0))
+    assert x.tolist() == [list(range(11, 21))] * 3 and y.tolist() == [list(range(12, 22))] * 3  # ... and it is that one
+    with pytest.raises(CorpusError, match="10 tokens of validation text but --context is 10"):  # one token fewer
+        Batches(np.arange(21, dtype=np.uint16), context=10, val_fraction=0.5).check()
 
 
 def test_chars_per_token(tmp_path):

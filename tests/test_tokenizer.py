@@ -1,4 +1,5 @@
 import random
+import re
 
 import numpy as np
 import pytest
@@ -6,9 +7,11 @@ from tokenizers import pre_tokenizers
 
 from charlm.tokenizer import (
     BYTE_DECODER,
+    PIECE_CHARS,
     BPETokenizer,
     CharTokenizer,
     UnknownCharactersError,
+    _pieces,
     tokenizer_from_json,
     train_tokenizer,
 )
@@ -67,6 +70,32 @@ def test_bpe_encode_array_matches_encode(bpe):
     arr = bpe.encode_array(text)
     assert arr.dtype.kind in "iu"
     assert arr.tolist() == bpe.encode(text)
+
+
+def test_bpe_encode_array_in_pieces_matches_encode(bpe):
+    # a long text is cut into pieces of >= PIECE_CHARS at "X\nY" boundaries; blank lines and indents are never cut
+    rng = random.Random(2)
+    lines = ["the cat", "  indented", "", "\t", "你好 😀", "x,'s", " "]
+    text = "\n".join(rng.choice(lines) for _ in range(12000))
+    pieces = _pieces(text, 1000)
+    assert "".join(pieces) == text and len(pieces) > 50
+    assert all(len(piece) >= 1000 and re.search(r"\S\n$", piece) for piece in pieces[:-1])
+    assert all(re.match(r"\S", piece) for piece in pieces[1:])
+    assert len(text) > 2 * PIECE_CHARS and bpe.encode_array(text).tolist() == bpe.encode(text)
+    assert _pieces("short") == ["short"] and _pieces("") == [""]
+
+
+def test_char_train_and_lookup_match_a_set_of_characters():
+    # the vocabulary pass takes an ASCII shortcut and the lookup table stops at the largest known code point
+    chunks = ["plain ascii\n", "more ascii, new: {}", "中文 😀", "", "ascii again ~", "a\udc80b", "\x00\x7f"]
+    tok = CharTokenizer.train(chunks)
+    assert tok.chars == sorted(set("".join(chunks)))
+    text = "".join(chunks)
+    assert tok.encode(text) == [tok.chars.index(c) for c in text]
+    small = CharTokenizer(list("ac"))  # 'b' falls between known code points, '😀' beyond the largest
+    assert small.encode("abc😀", unknown="drop") == [0, 1] and small.encode("abc😀", unknown="replace") == [0, 0, 1, 0]
+    with pytest.raises(UnknownCharactersError, match="'b', '😀'"):
+        small.encode_array("abc😀")
 
 
 def test_bpe_decode_of_any_ids_matches_token_bytes(bpe):
