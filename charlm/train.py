@@ -236,7 +236,7 @@ class Trainer:
         saved.require_training_state(path)
         runs.resume_configs(self.out_dir, saved, model_cfg, self.cfg, self.dist.world_size)
         # hash before encoding: another text would fail later with a less helpful message
-        # TODO(integrator): pass sha256= to data.prepare below, so the corpus is hashed once
+        # (_prepare_data passes the same hash on, so the corpus is read for hashing once)
         if saved.corpus.sha256 != corpus_sha256(corpus):
             raise ConfigError(f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out")
         return saved
@@ -250,6 +250,7 @@ class Trainer:
         self.tokenizer, tokens_path, corpus_sha = prepare(
             corpus, self.cfg.tokenizer, self.cfg.vocab_size, tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
             progress=lambda done, total: self.on_event(Encoding(done=done, total=total)),
+            sha256=saved.corpus.sha256 if saved else None,  # checked equal to the file's hash by _saved_run
         )
         if self.dist.local_rank == 0:
             distributed.barrier()
