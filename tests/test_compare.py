@@ -15,7 +15,8 @@ from rich.console import Console
 from charlm import checkpoint
 from charlm.cli import main
 from charlm.generate import Generator, SampleConfig
-from charlm.views.compare import Comparison
+from charlm.comparison import Comparison
+from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 
 
@@ -104,7 +105,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
     assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
     ck = checkpoint.load(cmp_runs["bpe"])
-    Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1), console).show(prompt)
+    CompareView(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console).show(prompt)
     screen = console.file.getvalue()
     assert "[bold red]x[/]" in screen and "\\x1b[31m" in screen and "\x07" not in screen
     assert "\x1b[31m " not in screen  # the prompt's escape never reaches the terminal raw
@@ -112,7 +113,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
 
 def test_models_grow_together_one_step_each_per_tick(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
-    comparison = Comparison(cks, SampleConfig(max_tokens=12, seed=3), Console(file=io.StringIO()))
+    comparison = Comparison(cks, SampleConfig(max_tokens=12, seed=3))
     counts = []
     comparison.run("the", on_tick=lambda: counts.append([p.tokens for p in comparison.players]))
     assert counts[:12] == [[n, n] for n in range(1, 13)]  # char models: one token per step
@@ -122,7 +123,7 @@ def test_side_by_side_on_a_wide_terminal_stacked_on_a_narrow_one(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
     for width, side_by_side in ((120, True), (70, False)):
         console = Console(file=io.StringIO(), force_terminal=True, width=width)
-        Comparison(cks, SampleConfig(max_tokens=8, seed=1), console).show("the")
+        CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console).show("the")
         lines = console.file.getvalue().splitlines()
         both = [ln for ln in lines if "cmp-lstm" in ln and "cmp-tf" in ln]
         assert bool(both) == side_by_side, width
@@ -153,7 +154,7 @@ def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
     assert r.exit_code == 0, r.output
     assert r.stdout.count("== cmp-lstm") == 2 and r.stdout.count("== cmp-tf") == 2
     assert "the cat" in r.stdout and "the dog" in r.stdout
-    assert "unknown command /bogus" in r.stdout
+    assert "unknown command /bogus" in r.stderr and "unknown command" not in r.stdout  # hints: stderr, as in chat
 
 
 def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
