@@ -199,3 +199,50 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def compare_pty(cmp_runs, tmp_path, *args) -> pexpect.spawn:
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
+                                           *args], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child.expect_exact(">>> ")
+    return child
+
+
+def ask(child: pexpect.spawn, line: str) -> str:
+    child.sendline(line)
+    child.expect_exact(">>> ")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r", "")
+
+
+def test_interactive_set_changes_the_next_prompts_settings_and_is_not_sent_as_a_prompt(cmp_runs, tmp_path):
+    child = compare_pty(cmp_runs, tmp_path, "-n", "4", "--seed", "5")
+    try:
+        screen = ask(child, "/set temperature 0")
+        assert "temperature = 0.0" in screen and "tok/s" not in screen  # a setting, not a prompt for the models
+        assert "seed = 9" in ask(child, "/set seed 9")
+        assert "bad value for top_p" in ask(child, "/set top_p 2")
+        caption = " ".join(ask(child, "the cat").split())  # the table's caption (wrapped): the settings this run used
+        assert "seed 9 · temperature 0 best of each column" in caption
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+
+def test_interactive_help_lists_the_shared_commands_and_chat_only_ones_get_a_hint(cmp_runs, tmp_path):
+    child = compare_pty(cmp_runs, tmp_path)
+    try:
+        screen = ask(child, "/help")
+        assert "/set KEY VALUE: temperature" in screen and "/quit" in screen and '"""' in screen
+        assert "/attn" not in screen and "/mode" not in screen
+        for command in ("/attn", "/gates 0", "/mode continue"):
+            screen = ask(child, command)
+            assert "works on one model's running text: use it in 'charlm chat CKPT'" in screen, command
+            assert "tok/s" not in screen and "Traceback" not in screen
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
