@@ -20,7 +20,7 @@ from rich.text import Text
 
 from charlm.comparison import Comparison, Contestant
 from charlm.models import count_params
-from charlm.views.repl import QUIT, SHARED_COMMANDS, Hint, Session
+from charlm.views.repl import Hint, Session
 from charlm.views.text import safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
@@ -58,6 +58,7 @@ class CompareView:
         self.comparison, self.console = comparison, console
         self.players = comparison.players
 
+    # read live: /set replaces the settings, a run sets the seed, evaluate() the eval file
     @property
     def eval_path(self):
         return self.comparison.eval_path
@@ -169,10 +170,9 @@ class CompareView:
 
 
 class CompareRepl(Session):
-    """`charlm compare -i`: chat's input loop and /set, /help, /quit; each prompt goes to every model. On a
-    terminal it prompts; otherwise each line of stdin is a prompt and hints go to stderr."""
+    """`charlm compare -i`: chat's input loop and its shared commands (/set, /help, /quit); each prompt goes to
+    every model. On a terminal it prompts; otherwise each line of stdin is a prompt and hints go to stderr."""
 
-    COMMANDS = {**SHARED_COMMANDS, **QUIT}
     CHAT_ONLY = ("/show", "/reset", "/mode", "/attn", "/gates", "/save")  # about one model's running text
 
     def __init__(self, view: CompareView, interactive: bool | None = None):

@@ -2,10 +2,11 @@
 continuation of each prompt, token by token.
 
 LineReader reads the lines; Session holds what both commands share (the loop, /help, /set, /quit, hints);
-Repl is chat, views.compare.CompareRepl is compare -i. On a terminal: line editing and history (readline; the history file lives in the charlm cache
-directory), tab completion of /commands, multi-line input between \"\"\" marks, Ctrl-C stops a running
-generation, Ctrl-C at an empty prompt or Ctrl-D leaves. With stdin not a terminal, every input line
-is a prompt and the output is plain text: scriptable.
+Repl is chat, views.compare.CompareRepl is compare -i. On a terminal: line editing and history
+(readline; the history file lives in the charlm cache directory), tab completion of /commands,
+multi-line input between \"\"\" marks, Ctrl-C stops a running generation, Ctrl-C at an empty prompt or
+Ctrl-D leaves. With stdin not a terminal, every input line is a prompt and the output is plain text:
+scriptable.
 
 Model text is always shown through safe_text in rich Text objects: never parsed as markup, and
 control characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal.
@@ -204,9 +205,13 @@ class Session:
     def run(self) -> None:
         if self.interactive:
             self.banner()
-        for line, fenced in LineReader(self.console, self.interactive, self.COMMANDS):
-            if not self.handle(line, fenced):
-                break
+        lines = iter(LineReader(self.console, self.interactive, self.COMMANDS))
+        try:
+            for line, fenced in lines:
+                if not self.handle(line, fenced):
+                    break
+        finally:
+            lines.close()  # saves the history now, also after /quit
 
     def banner(self) -> None:
         """What a terminal session starts with."""
