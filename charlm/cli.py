@@ -533,7 +533,7 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
     whole file: the Transformer reads it in overlapping windows of its context, an LSTM/GRU in one pass."""
     from charlm.evaluate import evaluate_file
     from charlm.runtime import pick_device
-    from charlm.views.compare import EvalProgress, eval_summary, render_eval
+    from charlm.views.eval import EvalProgress, eval_summary, render_eval
 
     loaded = checkpoint.load(ckpt, device=pick_device(device))
     with EvalProgress(err_console()) as progress:
@@ -554,19 +554,23 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
 @device_option
 def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown, eval_file, interactive, device):
     """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
+    from charlm.comparison import Comparison
     from charlm.runtime import pick_device
-    from charlm.views.compare import Comparison, repl
+    from charlm.views.compare import CompareRepl, CompareView
+    from charlm.views.eval import EvalProgress
 
     if len(ckpts) < 2:
         raise UserError("compare needs at least two checkpoints (files or run directories)")
     settings = SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed).validate()
     device = pick_device(device)
     loaded = [checkpoint.load(c, device=device) for c in ckpts]  # a bad one: CheckpointError naming it
-    comparison = Comparison(loaded, settings, Console(highlight=False), unknown=unknown)
+    comparison = Comparison(loaded, settings, unknown=unknown)
+    view = CompareView(comparison, Console(highlight=False))
     if eval_file:
-        comparison.evaluate(eval_file, err_console())
-        comparison.notes()  # e.g. a char model that cannot read the file: said once, up front
+        bars = err_console()
+        comparison.evaluate(eval_file, lambda name: EvalProgress(bars, f"eval {name}"))
+        view.notes()  # e.g. a char model that cannot read the file: said once, up front
     if interactive:
-        repl(comparison)
+        CompareRepl(view).run()
     else:
-        comparison.show(prompt)
+        view.show(prompt)

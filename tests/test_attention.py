@@ -18,7 +18,8 @@ from charlm.cli import main
 from charlm.config import ConfigError, ModelConfig
 from charlm.models import build_model
 from charlm.tokenizer import BPETokenizer, CharTokenizer
-from charlm.views.attention import AttnOptions, head_stats, map_lines, parse_args, show_attention
+from charlm.models.probes import head_stats
+from charlm.views.attention import AttnOptions, map_lines, parse_args, show_attention
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index, token_label
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."

@@ -15,7 +15,8 @@ from rich.console import Console
 from charlm import checkpoint
 from charlm.cli import main
 from charlm.generate import Generator, SampleConfig
-from charlm.views.compare import Comparison
+from charlm.comparison import Comparison
+from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 
 
@@ -104,7 +105,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
     assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
     ck = checkpoint.load(cmp_runs["bpe"])
-    Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1), console).show(prompt)
+    CompareView(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console).show(prompt)
     screen = console.file.getvalue()
     assert "[bold red]x[/]" in screen and "\\x1b[31m" in screen and "\x07" not in screen
     assert "\x1b[31m " not in screen  # the prompt's escape never reaches the terminal raw
@@ -112,7 +113,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
 
 def test_models_grow_together_one_step_each_per_tick(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
-    comparison = Comparison(cks, SampleConfig(max_tokens=12, seed=3), Console(file=io.StringIO()))
+    comparison = Comparison(cks, SampleConfig(max_tokens=12, seed=3))
     counts = []
     comparison.run("the", on_tick=lambda: counts.append([p.tokens for p in comparison.players]))
     assert counts[:12] == [[n, n] for n in range(1, 13)]  # char models: one token per step
@@ -122,7 +123,7 @@ def test_side_by_side_on_a_wide_terminal_stacked_on_a_narrow_one(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
     for width, side_by_side in ((120, True), (70, False)):
         console = Console(file=io.StringIO(), force_terminal=True, width=width)
-        Comparison(cks, SampleConfig(max_tokens=8, seed=1), console).show("the")
+        CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console).show("the")
         lines = console.file.getvalue().splitlines()
         both = [ln for ln in lines if "cmp-lstm" in ln and "cmp-tf" in ln]
         assert bool(both) == side_by_side, width
@@ -153,7 +154,7 @@ def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
     assert r.exit_code == 0, r.output
     assert r.stdout.count("== cmp-lstm") == 2 and r.stdout.count("== cmp-tf") == 2
     assert "the cat" in r.stdout and "the dog" in r.stdout
-    assert "unknown command /bogus" in r.stdout
+    assert "unknown command /bogus" in r.stderr and "unknown command" not in r.stdout  # hints: stderr, as in chat
 
 
 def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
@@ -193,6 +194,53 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
                           env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
     try:
         child.expect(">>> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+
+def compare_pty(cmp_runs, tmp_path, *args) -> pexpect.spawn:
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
+                                           *args], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child.expect_exact(">>> ")
+    return child
+
+
+def ask(child: pexpect.spawn, line: str) -> str:
+    child.sendline(line)
+    child.expect_exact(">>> ")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r", "")
+
+
+def test_interactive_set_changes_the_next_prompts_settings_and_is_not_sent_as_a_prompt(cmp_runs, tmp_path):
+    child = compare_pty(cmp_runs, tmp_path, "-n", "4", "--seed", "5")
+    try:
+        screen = ask(child, "/set temperature 0")
+        assert "temperature = 0.0" in screen and "tok/s" not in screen  # a setting, not a prompt for the models
+        assert "seed = 9" in ask(child, "/set seed 9")
+        assert "bad value for top_p" in ask(child, "/set top_p 2")
+        caption = " ".join(ask(child, "the cat").split())  # the table's caption (wrapped): the settings this run used
+        assert "seed 9 · temperature 0 best of each column" in caption
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+
+def test_interactive_help_lists_the_shared_commands_and_chat_only_ones_get_a_hint(cmp_runs, tmp_path):
+    child = compare_pty(cmp_runs, tmp_path)
+    try:
+        screen = ask(child, "/help")
+        assert "/set KEY VALUE: temperature" in screen and "/quit" in screen and '"""' in screen
+        assert "/attn" not in screen and "/mode" not in screen
+        for command in ("/attn", "/gates 0", "/mode continue"):
+            screen = ask(child, command)
+            assert "works on one model's running text: use it in 'charlm chat CKPT'" in screen, command
+            assert "tok/s" not in screen and "Traceback" not in screen
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:

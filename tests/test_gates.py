@@ -17,7 +17,7 @@ from rich.console import Console
 from charlm.cli import main
 from charlm.config import ConfigError, ModelConfig
 from charlm.models import build_model
-from charlm.models.gates import trace_model, trace_rnn
+from charlm.models.probes import trace_model, trace_rnn
 from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index

@@ -42,26 +42,45 @@ def plain(screen: str) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "")
 
 
-def test_a_session_in_a_terminal(gen_runs, tmp_path):
-    child = spawn(gen_runs["tf"], tmp_path, "--seed", "1")
-    assert "temperature = 0" in say(child, "/set temperature 0")
+def start(chat_pty, run, *args) -> pexpect.spawn:
+    child = chat_pty(run, *args)
+    child.expect_exact(">>> ")
+    return child
 
-    # a prompt: the memorised continuation streams, then a dim status line
+
+def leave(child: pexpect.spawn) -> None:
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_a_prompt_streams_the_model_text_safely_then_a_status_line(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--seed", "1")
+    assert "temperature = 0" in say(child, "/set temperature 0")
     raw = say(child, "window breaks?", raw=True)
     assert "\x1b]" not in raw and "\x07" not in raw and "\x1b[31m" not in raw  # the model's escapes never reach the terminal
     screen = plain(raw)
     assert "[bold]red[/bold]" in screen  # markup shown literally, never applied
     assert VISIBLE_ESCAPES in screen  # escapes shown as visible text
     assert re.search(r"200 tokens · [\d,]+ tokens/s · first token \d+ ms · context \d+/48", screen)
+    leave(child)
 
+
+def test_show_lists_the_settings_and_reset_empties_the_running_text(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--seed", "1", "--temperature", "0", "--max-tokens", "5")
+    say(child, "ROMEO:")
     screen = say(child, "/show")
-    for row in ("temperature", "0.0", "max_tokens", "200", "seed", "1", "transformer (1 layer × 48", "mode", "fresh"):
+    for row in ("temperature", "0.0", "max_tokens", "5", "seed", "1", "transformer (1 layer × 48", "mode", "fresh"):
         assert row in screen
-    assert "running text" in screen and re.search(r"running text\s+\d+ tokens", screen)
+    assert re.search(r"running text\s+11 tokens", screen)  # 6 prompt tokens + 5 new ones
     assert "empty" in say(child, "/reset")
     assert re.search(r"running text\s+0 tokens", say(child, "/show"))
+    leave(child)
 
-    # bad commands and values: a one-line hint, and the REPL goes on
+
+def test_bad_commands_and_values_get_a_one_line_hint_and_the_repl_goes_on(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"])
     for line, hint in (("/bogus", "unknown command /bogus"), ("/set temperature warm", "bad value for temperature"),
                        ("/set top_p 2", "top_p must be in (0, 1]"), ("/set colour red", "usage: /set KEY VALUE"),
                        ("/mode sideways", "/mode fresh or /mode continue"), ("/gates", "has no gates"),
@@ -69,18 +88,24 @@ def test_a_session_in_a_terminal(gen_runs, tmp_path):
         screen = say(child, line)
         assert hint in screen and "Traceback" not in screen
         assert len([l for l in screen.splitlines() if l.strip()]) == 2, screen  # the echoed command + one line
+    assert "temperature = 0.5" in say(child, "/set temperature 0.5")  # still alive
+    leave(child)
 
-    # continue mode: the second prompt goes on from the first; the viewer sees the running text
+
+def test_continue_mode_carries_the_running_text_into_the_next_prompt_and_the_viewer(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "20")
     say(child, "/mode continue")
-    say(child, "/set max_tokens 20")
     first = say(child, "ROMEO:")
     assert MEMORISED[:19] in first
     assert "context 26/48" in first  # 6 prompt tokens + 20 new ones
     screen = say(child, "/attn")
     assert "tokens 0..25 of 26" in screen and "Traceback" not in screen  # the viewer got the running text
+    assert "context 46/48" in say(child, "")  # Enter alone goes on from the running text
+    leave(child)
 
-    # a multi-line prompt between """ marks
-    say(child, "/mode fresh")
+
+def test_triple_quotes_make_a_multi_line_prompt(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "20")
     child.sendline('"""')
     child.expect_exact("... ")
     child.sendline("JULIET:")
@@ -88,31 +113,47 @@ def test_a_session_in_a_terminal(gen_runs, tmp_path):
     child.sendline('O Romeo"""')
     child.expect_exact(">>> ")
     assert "Romeo! wherefore" in plain(child.before)
+    leave(child)
 
-    # tab completion of commands: "/sh" + Tab completes to "/show "
-    child.send("/sh\t")
+
+def test_tab_completes_a_command(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"])
+    child.send("/sh\t")  # "/sh" + Tab completes to "/show "
     child.expect_exact("/show ")
     child.sendline("")
     child.expect_exact(">>> ")
     assert "max_tokens" in plain(child.before)
+    leave(child)
 
-    # /save writes the transcript
+
+def test_save_writes_the_raw_transcript(gen_runs, chat_pty, tmp_path):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "60")
+    say(child, "window breaks?")
+    say(child, "ROMEO:")
     transcript = tmp_path / "talk.txt"
-    assert "saved 3 turns" in say(child, f"/save {transcript}")
+    assert "saved 2 turns" in say(child, f"/save {transcript}")
     saved = transcript.read_text(encoding="utf-8")
     assert saved.startswith(">>> window breaks?\nwindow breaks?\n[bold]red[/bold] \x1b]0;pwned\x07")  # the raw text
-    assert "\n>>> ROMEO:\nROMEO:\nBut soft" in saved and '>>> JULIET:\nO Romeo\n' in saved
+    assert "\n>>> ROMEO:\nROMEO:\nBut soft" in saved
+    leave(child)
 
-    # Ctrl-C stops a long generation and returns to the prompt; the REPL is still alive
-    say(child, "/set max_tokens 100000000")
+
+def test_ctrl_c_stops_a_long_generation_and_the_repl_goes_on(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "100000000")
     child.sendline("ROMEO:")
     child.expect_exact("wherefore")
     child.sendintr()
     child.expect(r"stopped · [\d,]+ tokens")
     child.expect_exact(">>> ")
     assert "Traceback" not in child.before
+    assert "temperature = 0.5" in say(child, "/set temperature 0.5")
+    leave(child)
 
-    # Ctrl-C on a half-typed line drops the line; Ctrl-D on an empty one leaves
+
+def test_ctrl_c_drops_a_half_typed_line_and_ctrl_d_leaves_keeping_the_history(gen_runs, tmp_path):
+    child = spawn(gen_runs["tf"], tmp_path, "--max-tokens", "5")  # not chat_pty: the history must follow XDG_CACHE_HOME
+    say(child, "/set temperature 0")
+    say(child, "ROMEO:")
     child.send("half a lin")
     child.expect_exact("half a lin")
     child.sendintr()
@@ -123,7 +164,7 @@ def test_a_session_in_a_terminal(gen_runs, tmp_path):
     child.close()
     assert child.exitstatus == 0
     history = (tmp_path / "xdg" / "charlm" / "chat_history").read_text()
-    assert "/set temperature 0" in history and "ROMEO:" in history
+    assert "/set temperature 0" in history and "ROMEO:" in history and "half a lin" not in history
 
 
 def test_ctrl_c_at_an_empty_prompt_leaves(gen_runs, tmp_path):
@@ -166,6 +207,7 @@ def test_lstm_has_gates_not_attention(gen_runs, tmp_path):
     out = chat_piped(gen_runs["lstm"], tmp_path, ["/attn", "/set max_tokens 5", "hello", "/gates help"])
     assert out.returncode == 0
     assert "this lstm has no attention; /gates shows its gates" in out.stderr
+    assert "/gates units 3,17,42   exactly these units" in out.stdout  # /gates help answers with its usage
     assert "Traceback" not in out.stderr + out.stdout
 
 

@@ -8,8 +8,9 @@ Views (overview, stats and focus combine; the map is shown when none of them is 
             the most global head
   focus     one query token: the keys it attended to most, as bars with weights
 
-The weights come from the model's own forward pass (Transformer.forward(attn=[]) takes its explicit
-softmax path); the text runs as one window, its last `context` tokens. Layers and heads count from 0.
+The weights and head statistics come from charlm.models.probes (the model's own forward pass); the text
+runs as one window, its last `context` tokens. This module only lays them out and prints. Layers and
+heads count from 0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
@@ -25,8 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.config import ConfigError
-from charlm.views.heatmap import (MAX_LABEL, asciify, clip_label, heatmap_lines, legend, level_style, pad, ramp,
-                                  shade_index, token_label, use_ascii, window)
+from charlm.models.probes import HeadStats, capture_attention, head_stats
+from charlm.views.heatmap import (MAX_LABEL, clip_label, fit_map, heatmap_lines, legend, level_style, pad, print_blocks,
+                                  ramp, shade_index, token_label, use_ascii, window)
 
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -104,59 +105,6 @@ def parse_args(args: list[str]) -> AttnOptions:
     return opts
 
 
-def capture(model, ids: list[int]) -> tuple[int, np.ndarray]:
-    """Run the last `context` tokens of ids through the model once; return (offset, weights) where
-    weights[l, h, i, j] is how much token offset+i attended to token offset+j in layer l, head h."""
-    if not ids:
-        raise ConfigError("there is no text to look at yet: give a prompt first")
-    offset = max(0, len(ids) - model.cfg.context)
-    device = next(model.parameters()).device
-    idx = torch.tensor([ids[offset:]], dtype=torch.long, device=device)
-    attn: list[torch.Tensor] = []
-    was_training = model.training
-    model.eval()  # no dropout on the weights we show
-    try:
-        with torch.no_grad():
-            model(idx, attn=attn)
-    finally:
-        model.train(was_training)
-    return offset, torch.stack([a[0] for a in attn]).float().cpu().numpy()  # (L, nh, T, T)
-
-
-@dataclass
-class HeadStats:
-    layer: int
-    head: int
-    entropy: float  # bits, mean over query tokens
-    distance: float  # tokens looked back, weighted by attention, mean over query tokens
-    offset: int  # the most common distance to a row's strongest key (0: itself, 1: the token before)
-    offset_share: float  # how often that is the strongest key
-
-
-def head_stats(weights: np.ndarray) -> list[HeadStats]:
-    """Statistics of every head from weights (L, nh, T, T), over all query tokens but the first (which
-    can only look at itself)."""
-    L, H, T, _ = weights.shape
-    i = np.arange(T)
-    back = np.clip(i[:, None] - i[None, :], 0, None)  # (T, T) how far back key j is from query i
-    out = []
-    for layer in range(L):
-        for head in range(H):
-            w = weights[layer, head, 1:].astype(np.float64)  # (T-1, T)
-            if len(w) == 0:
-                ent = dist = 0.0
-                common, share = 0, 1.0
-            else:
-                ent = float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
-                dist = float(np.mean(np.sum(w * back[1:], axis=1)))
-                offsets = i[1:] - w.argmax(axis=1)
-                counts = np.bincount(offsets)
-                common = int(counts.argmax())
-                share = float(counts[common] / len(offsets))
-            out.append(HeadStats(layer, head, ent, dist, common, share))
-    return out
-
-
 def _check_choice(opts: AttnOptions, n_layers: int, n_heads: int) -> tuple[int, int | None]:
     layer = n_layers - 1 if opts.layer is None else opts.layer
     if not 0 <= layer < n_layers:
@@ -184,12 +132,8 @@ def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int,
     label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
     row_w = digits + 1 + label_w + 1  # "<pos> <token> "
     note_w = 5  # " 0.93": the row's largest weight
-    available = width - row_w - note_w
-    if available < 2:
-        raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
-    start, stop = window(offset, len(ids), available, opts.tokens, opts.end)
+    start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end)
     n = stop - start
-    cell = 2 if n * 2 <= available else 1  # two cells per column look square; one when space is short
     a, b = start - offset, stop - offset
     values = w[a:b, a:b]
     drawn = np.tril(np.ones((n, n), dtype=bool))  # query i sees keys 0..i: the rest is never drawn
@@ -348,34 +292,35 @@ def _bar(fraction: float, width: int, ascii: bool) -> str:
     return "█" * (eighths // 8) + (BAR_EIGHTHS[eighths % 8] if eighths % 8 else "")
 
 
-def render_attention(console: Console, model, tokenizer, ids: list[int], opts: AttnOptions) -> None:
-    """Draw the views chosen in opts for the text `ids`."""
-    if not getattr(model, "has_attention", False):
-        raise ConfigError("this LSTM/GRU has no attention; try /gates")
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+def attention_blocks(tokenizer, ids: list[int], offset: int, weights: np.ndarray, opts: AttnOptions, width: int,
+                     ascii: bool) -> list[list]:
+    """The views chosen in opts, laid out: one block (a list of Text lines or tables) per view."""
+    n_layers, n_heads = weights.shape[:2]
     layer, head = _check_choice(opts, n_layers, n_heads)
-    offset, weights = capture(model, ids)
-    ascii = use_ascii(console, opts.ascii)
-    width = console.width
     w = weights[layer, head] if head is not None else weights[layer].mean(axis=0)
     title = _title(layer, head, n_heads)
-    blocks: list[list[Text] | Table] = []
+    blocks: list[list] = []
     if opts.show_map:
         blocks.append(map_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
     if opts.overview:
         blocks.append(overview_lines(tokenizer, ids, offset, weights, width, opts, ascii))
     if opts.stats:
-        table, summary = stats_table(weights, ascii, len(ids) - offset)
-        blocks.append([table, summary])
+        blocks.append(list(stats_table(weights, ascii, len(ids) - offset)))
     if opts.focus is not None:
         blocks.append(focus_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
     if offset:
-        console.print(Text(f"(the model sees the last {len(ids) - offset} of {len(ids)} tokens)", style="dim"))
-    for k, block in enumerate(blocks):
-        if k:
-            console.print()
-        for item in block:
-            console.print(asciify(item) if ascii and isinstance(item, Text) else item)
+        blocks[0].insert(0, Text(f"(the model sees the last {len(ids) - offset} of {len(ids)} tokens)", style="dim"))
+    return blocks
+
+
+def render_attention(console: Console, model, tokenizer, ids: list[int], opts: AttnOptions) -> None:
+    """Capture the attention on the text `ids`, lay out the views chosen in opts, print them."""
+    if not getattr(model, "has_attention", False):
+        raise ConfigError("this LSTM/GRU has no attention; try /gates")
+    _check_choice(opts, model.cfg.n_layers, model.cfg.n_heads)  # a bad choice fails before the forward pass
+    offset, weights = capture_attention(model, ids)
+    ascii = use_ascii(console, opts.ascii)
+    print_blocks(console, attention_blocks(tokenizer, ids, offset, weights, opts, console.width, ascii), ascii)
 
 
 def show_attention(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:

@@ -2,8 +2,9 @@
 text, for the units that change most, plus the cell state and its magnitude over time.
 
 Each panel is a heat map: rows = units, columns = tokens. Gates run from 0 (blank) to 1 (darkest).
-The gates are recomputed from the trained weights step by step (charlm.models.gates), from a fresh
-state at the start of the text (its last MAX_TOKENS tokens), as the model reads it in chat. Layers and
+The gates are recomputed from the trained weights step by step (charlm.models.probes.trace_gates), from
+a fresh state at the start of the text (its last MAX_GATE_TOKENS tokens); this module lays them out and
+prints. Layers and
 units count from 0.
 """
 
@@ -12,16 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.text import Text
 
 from charlm.config import ConfigError
-from charlm.models.gates import trace_model
-from charlm.views.heatmap import (asciify, clip_label, heatmap_lines, legend, pad, spark_line, token_label,
-                                  use_ascii, window)
+from charlm.models.probes import LayerTrace, trace_gates
+from charlm.views.heatmap import (clip_label, fit_map, heatmap_lines, legend, pad, print_blocks, spark_line,
+                                  token_label, use_ascii)
 
-MAX_TOKENS = 2048  # longer texts: the gates of the last ones (the Python loop is ~0.1 ms per step)
 DEFAULT_UNITS = 8
 
 USAGE = "try /gates help"
@@ -103,50 +102,29 @@ def choose_units(gates: dict[str, np.ndarray], kind: str, units: int | list[int]
     return [int(u) for u in np.argsort(-change, kind="stable")[:units]]
 
 
-def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateOptions) -> None:
-    if getattr(model, "has_attention", False):
-        raise ConfigError("a transformer has no gates; try /attn")
-    if not ids:
-        raise ConfigError("there is no text to look at yet: give a prompt first")
-    cfg = model.cfg
-    layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
-    if not 0 <= layer < cfg.n_layers:
-        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{cfg.n_layers - 1}")
-    ascii = use_ascii(console, opts.ascii)
-    width = console.width
-
-    offset = max(0, len(ids) - MAX_TOKENS)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        trace = trace_model(model, torch.tensor([ids[offset:]], dtype=torch.long, device=device))[layer]
-    finally:
-        model.train(was_training)
-
+def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: str, layer: int, opts: GateOptions,
+               width: int, ascii: bool) -> list[Text]:
+    """One layer's trace laid out: a heat map per gate, the cell (or hidden) state, its magnitude over time."""
+    hidden = trace.h.shape[-1]
     labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
-    unit_w = len(str(cfg.d_model - 1)) + 1  # "u17"
+    unit_w = len(str(hidden - 1)) + 1  # "u17"
     row_w = max(unit_w, 3) + 1
     note_w = 5  # " 0.93": the row's mean over the shown tokens
-    available = width - row_w - note_w
-    if available < 2:
-        raise ConfigError(f"width {width} is too narrow: use at least {row_w + note_w + 2}")
-    start, stop = window(offset, len(ids), available, opts.tokens, opts.end)
-    n = stop - start
-    cell = 2 if 2 * n <= available else 1
+    start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end)
     a, b = start - offset, stop - offset
     gates = {name: v[0, a:b].float().cpu().numpy() for name, v in trace.gates.items()}  # (n, H)
-    units = choose_units(gates, cfg.kind, opts.units, cfg.d_model)
+    units = choose_units(gates, kind, opts.units, hidden)
     col_labels = [clip_label(labels[p - offset], 4, ascii) for p in range(start, stop)]
     row_labels = [f"u{u}" for u in units]
 
     how = "chosen" if isinstance(opts.units, list) else "whose gates change most"
     lines = []
     if offset:
-        lines.append(Text(f"(the gates of the last {MAX_TOKENS} of {len(ids)} tokens, from a fresh state)", style="dim"))
-    lines += [Text(f"{cfg.kind.upper()} layer {layer}: {len(units)} of {cfg.d_model} units ({how}) · "
-                  f"tokens {start}..{stop - 1} of {len(ids)}", style="bold")]
-    for name, title in PANELS[cfg.kind]:
+        lines.append(Text(f"(the gates of the last {len(ids) - offset} of {len(ids)} tokens, from a fresh state)",
+                          style="dim"))
+    lines += [Text(f"{kind.upper()} layer {layer}: {len(units)} of {hidden} units ({how}) · "
+                   f"tokens {start}..{stop - 1} of {len(ids)}", style="bold")]
+    for name, title in PANELS[kind]:
         values = gates[name][:, units].T  # (units, n)
         notes = [f" {m:.2f}" for m in values.mean(axis=1)]
         lines += [Text(), Text(title, style="bold")]
@@ -166,11 +144,27 @@ def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateO
     strip = Text(pad(f"|{sym}|", max(unit_w, 3), right=True) + " ", style="bold", no_wrap=True, overflow="crop")
     strip.append_text(spark_line(magnitude, ascii, cell))
     lines += [strip,
-              Text(f"|{sym}|: mean |{sym}| over all {cfg.d_model} units, up to {magnitude.max():.2f} · "
+              Text(f"|{sym}|: mean |{sym}| over all {hidden} units, up to {magnitude.max():.2f} · "
                    "the number at the right of a gate row is its mean", style="dim"),
               legend(ascii, "1", "gates")]
-    for line in lines:
-        console.print(asciify(line) if ascii else line)
+    return lines
+
+
+def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateOptions) -> None:
+    """Trace the gates on the text `ids`, lay out the layer chosen in opts, print it."""
+    if getattr(model, "has_attention", False):
+        raise ConfigError("a transformer has no gates; try /attn")
+    if not ids:
+        raise ConfigError("there is no text to look at yet: give a prompt first")
+    cfg = model.cfg
+    layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
+    if not 0 <= layer < cfg.n_layers:
+        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{cfg.n_layers - 1}")
+    offset, traces = trace_gates(model, ids)
+    ascii = use_ascii(console, opts.ascii)
+    print_blocks(console, [gate_lines(tokenizer, ids, offset, traces[layer], cfg.kind, layer, opts, console.width,
+                                      ascii)], ascii)
+
 
 def show_gates(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:
     """The chat REPL's /gates [args] on its running text (args: the words after /gates)."""

@@ -212,3 +212,24 @@ def window(first: int, n_total: int, available: int, tokens: int | None, end: in
         raise ConfigError(f"end {end} is outside the tokens shown ({first + 1}..{n_total})")
     n = min(stop - first, available, tokens if tokens is not None else stop)
     return stop - n, stop
+
+
+def fit_map(width: int, row_w: int, note_w: int, first: int, n_total: int, tokens: int | None,
+            end: int | None) -> tuple[int, int, int]:
+    """(start, stop, cell) for a map `width` cells wide with row labels row_w and row notes note_w wide:
+    the token positions [start, stop) shown (see `window`) and the cells per column (two look square;
+    one when space is short)."""
+    available = width - row_w - note_w
+    if available < 2:
+        raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
+    start, stop = window(first, n_total, available, tokens, end)
+    return start, stop, 2 if 2 * (stop - start) <= available else 1
+
+
+def print_blocks(console, blocks: list, ascii: bool) -> None:
+    """Print laid-out blocks (lists of Text lines or other renderables), a blank line between blocks."""
+    for k, block in enumerate(blocks):
+        if k:
+            console.print()
+        for item in block:
+            console.print(asciify(item) if ascii and isinstance(item, Text) else item)

@@ -1,9 +1,12 @@
-"""`charlm chat`: a REPL that streams a model's continuation of each prompt, token by token.
+"""The one input loop of `charlm chat` and `charlm compare -i`, and chat's REPL, which streams a model's
+continuation of each prompt, token by token.
 
-On a terminal: line editing and history (readline; the history file lives in the charlm cache
-directory), tab completion of /commands, multi-line input between \"\"\" marks, Ctrl-C stops a running
-generation, Ctrl-C at an empty prompt or Ctrl-D leaves. With stdin not a terminal, every input line
-is a prompt and the output is plain text: scriptable.
+LineReader reads the lines; Session holds what both commands share (the loop, /help, /set, /quit, hints);
+Repl is chat, views.compare.CompareRepl is compare -i. On a terminal: line editing and history
+(readline; the history file lives in the charlm cache directory), tab completion of /commands,
+multi-line input between \"\"\" marks, Ctrl-C stops a running generation, Ctrl-C at an empty prompt or
+Ctrl-D leaves. With stdin not a terminal, every input line is a prompt and the output is plain text:
+scriptable.
 
 Model text is always shown through safe_text in rich Text objects: never parsed as markup, and
 control characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal.
@@ -32,16 +35,20 @@ from charlm.views.attention import show_attention
 from charlm.views.gates import show_gates
 from charlm.views.text import safe_text
 
-COMMANDS = {
+SHARED_COMMANDS = {
     "/help": "this list",
     "/set": "/set KEY VALUE: temperature, top_k, top_p, repetition_penalty, max_tokens, seed, stop, unknown",
+}
+QUIT = {"/quit": "leave (also /exit, Ctrl-D)"}
+COMMANDS = {  # chat's, in the order /help lists them
+    **SHARED_COMMANDS,
     "/show": "the settings and the model",
     "/reset": "forget the running text",
     "/mode": "/mode fresh|continue: each prompt starts anew, or continues the running text",
     "/attn": "/attn [args]: the attention over the running text (transformer; /attn help)",
     "/gates": "/gates [args]: the gates over the running text (LSTM/GRU; /gates help)",
     "/save": "/save FILE: write the transcript to FILE",
-    "/quit": "leave (also /exit, Ctrl-D)",
+    **QUIT,
 }
 SETTINGS = ("temperature", "top_k", "top_p", "repetition_penalty", "max_tokens", "seed", "stop", "unknown")
 MODES = ("fresh", "continue")
@@ -82,32 +89,22 @@ class StreamPrinter:
         self.console.print(Text(safe_text(text), style=self.style), end="", soft_wrap=True)
 
 
-class Repl:
-    def __init__(self, ckpt: Checkpoint, settings: SampleConfig, console: Console | None = None,
-                 mode: str = "fresh", use_cache: bool = True, unknown: str = "drop", interactive: bool | None = None):
-        self.ckpt = ckpt
-        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
-        self.settings = settings
-        self.mode = mode
-        self.unknown = unknown
-        self.interactive = sys.stdin.isatty() if interactive is None else interactive
-        self.console = console or Console(highlight=False)
-        # hints and confirmations: beside the text on a terminal, on stderr when scripted (stdout: text only)
-        self.info = self.console if self.interactive else Console(stderr=True, highlight=False)
-        self.transcript: list[tuple[str, str]] = []
+class LineReader:
+    """Input lines as (line, fenced) pairs. On a terminal: readline editing, tab completion of `commands`,
+    history in the cache directory, \"\"\" multi-line prompts, Ctrl-C drops a half-typed line and leaves at
+    an empty prompt, Ctrl-D leaves. Otherwise: each line of stdin (\"\"\" blocks joined)."""
+
+    def __init__(self, console: Console, interactive: bool, commands: dict[str, str]):
+        self.console, self.interactive, self.commands = console, interactive, commands
         self.history: Path | None = None
 
-    # ---- the loop -------------------------------------------------------------------------------
-
-    def run(self) -> None:
-        if self.interactive:
-            self._setup_readline()
-            self._banner()
+    def __iter__(self):
+        if not self.interactive:
+            yield from self._piped_lines()
+            return
+        self._setup_readline()
         try:
-            lines = self._terminal_lines() if self.interactive else self._piped_lines()
-            for line, fenced in lines:
-                if not self.handle(line, fenced):
-                    break
+            yield from self._terminal_lines()
         finally:
             self._save_history()
 
@@ -158,12 +155,76 @@ class Repl:
             parts.append(line)
         return "\n".join(parts)
 
+
+    def _setup_readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+            return
+        readline.set_completer(lambda text, state: _complete(self.commands, text, state))
+        readline.set_completer_delims(" \t\n")
+        if "libedit" in (readline.__doc__ or ""):
+            readline.parse_and_bind("bind ^I rl_complete")
+        else:
+            readline.parse_and_bind("tab: complete")
+        self.history = cache_dir() / "chat_history"
+        readline.set_history_length(1000)
+        try:
+            readline.read_history_file(self.history)
+        except OSError:  # no history yet, or unreadable: start without
+            pass
+
+    def _save_history(self) -> None:
+        if self.history is None:
+            return
+        import readline
+
+        try:
+            self.history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(self.history)
+        except OSError:  # a read-only cache dir costs the history, not the session
+            pass
+
+
+class Session:
+    """What chat and compare -i share: the loop over LineReader, /help, /set, /quit and one-line hints.
+    A subclass gives COMMANDS, generate(prompt) and own_command(name, rest) for its own commands."""
+
+    COMMANDS: dict[str, str] = {**SHARED_COMMANDS, **QUIT}
+    HELP_ROWS: list[tuple[str, str]] = [('"""', 'a multi-line prompt, up to the next """'),
+                                        ("Ctrl-C", "stop a generation; at an empty prompt: leave")]
+
+    def __init__(self, settings: SampleConfig, console: Console | None, unknown: str, interactive: bool | None):
+        self.settings = settings
+        self.unknown = unknown
+        self.interactive = sys.stdin.isatty() if interactive is None else interactive
+        self.console = console or Console(highlight=False)
+        # hints and confirmations: beside the text on a terminal, on stderr when scripted (stdout: text only)
+        self.info = self.console if self.interactive else Console(stderr=True, highlight=False)
+
+    def run(self) -> None:
+        if self.interactive:
+            self.banner()
+        lines = iter(LineReader(self.console, self.interactive, self.COMMANDS))
+        try:
+            for line, fenced in lines:
+                if not self.handle(line, fenced):
+                    break
+        finally:
+            lines.close()  # saves the history now, also after /quit
+
+    def banner(self) -> None:
+        """What a terminal session starts with."""
+
+    def generate(self, prompt: str) -> None:
+        raise NotImplementedError
+
     def handle(self, line: str, fenced: bool = False) -> bool:
         """One input: a /command or a prompt (between triple quotes, always a prompt). False: the end."""
         try:
             if line.startswith("/") and not fenced:
                 return self.command(line)
-            if line.strip() or (self.mode == "continue" and self.gen.ids):  # Enter alone: go on
+            if line.strip() or self.goes_on():
                 self.generate(line)
         except Hint as e:
             self.hint(str(e))
@@ -178,6 +239,74 @@ class Repl:
 
     def hint(self, message: str, style: str = "yellow") -> None:
         self.info.print(Text(safe_text(message), style=style), soft_wrap=True)
+
+    def command(self, line: str) -> bool:
+        name, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        name = name.lower()
+        if name in ("/quit", "/exit", "/q"):
+            return False
+        if name in ("/help", "/?"):
+            self.show_help()
+        elif name == "/set":
+            self.set(rest)
+        else:
+            self.own_command(name, rest)
+        return True
+
+    def own_command(self, name: str, rest: str) -> None:
+        """A command beyond the shared ones (the subclass's); unknown ones raise Hint."""
+        raise Hint(f"unknown command {name}: /help lists them (to send text that starts with /, "
+                   f'begin it with a space or put it in """ marks)')
+
+    def goes_on(self) -> bool:
+        """Whether Enter on an empty line generates (chat's continue mode)."""
+        return False
+
+    def show_help(self) -> None:
+        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+        table.add_column(style="bold")
+        table.add_column()
+        rows = [*self.COMMANDS.items(), *self.HELP_ROWS]
+        for name, text in rows:
+            table.add_row(Text(name), Text(text))  # Text, not str: "[args]" is not markup
+        self.console.print(table)
+
+    def set(self, rest: str) -> None:
+        m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)  # KEY VALUE or KEY=VALUE
+        key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
+        if key not in SETTINGS:
+            raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
+        if not value:
+            raise Hint(f"/set {key} needs a value, e.g. /set {key} {_EXAMPLES[key]}")
+        if key == "unknown":
+            if value not in UNKNOWN_POLICIES:
+                raise Hint(f"/set unknown takes {', '.join(UNKNOWN_POLICIES)}, not {value!r}")
+            self.unknown = value
+            self.hint(f"unknown = {value}", style="green")
+            return
+        try:
+            parsed = _parse_setting(key, value)
+            self.settings = dataclasses.replace(self.settings, **{key: parsed}).validate()
+        except (ValueError, ConfigError) as e:
+            raise Hint(f"bad value for {key}: {e}") from None
+        self.hint(f"{key} = {_show_value(parsed)}", style="green")
+
+
+class Repl(Session):
+    """`charlm chat`: one model, its running text, and the viewers on it."""
+
+    COMMANDS = COMMANDS
+    HELP_ROWS = [Session.HELP_ROWS[0], ("Enter", "on an empty line in continue mode: go on with the text"),
+                 Session.HELP_ROWS[1]]
+
+    def __init__(self, ckpt: Checkpoint, settings: SampleConfig, console: Console | None = None,
+                 mode: str = "fresh", use_cache: bool = True, unknown: str = "drop", interactive: bool | None = None):
+        self.ckpt = ckpt
+        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        super().__init__(settings, console, unknown, interactive)
+        self.mode = mode
+        self.transcript: list[tuple[str, str]] = []
 
     # ---- generation -----------------------------------------------------------------------------
 
@@ -234,17 +363,8 @@ class Repl:
 
     # ---- commands -------------------------------------------------------------------------------
 
-    def command(self, line: str) -> bool:
-        name, _, rest = line.strip().partition(" ")
-        rest = rest.strip()
-        name = name.lower()
-        if name in ("/quit", "/exit", "/q"):
-            return False
-        if name in ("/help", "/?"):
-            self.show_help()
-        elif name == "/set":
-            self.set(rest)
-        elif name == "/show":
+    def own_command(self, name: str, rest: str) -> None:
+        if name == "/show":
             self.show()
         elif name == "/reset":
             self.gen.reset()
@@ -260,40 +380,10 @@ class Repl:
         elif name == "/save":
             self.save(rest)
         else:
-            raise Hint(f"unknown command {name}: /help lists them (to send text that starts with /, "
-                       f'begin it with a space or put it in """ marks)')
-        return True
+            super().own_command(name, rest)
 
-    def show_help(self) -> None:
-        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-        table.add_column(style="bold")
-        table.add_column()
-        rows = [*COMMANDS.items(), ('"""', 'a multi-line prompt, up to the next """'),
-                ("Enter", "on an empty line in continue mode: go on with the text"),
-                ("Ctrl-C", "stop a generation; at an empty prompt: leave")]
-        for name, text in rows:
-            table.add_row(Text(name), Text(text))  # Text, not str: "[args]" is not markup
-        self.console.print(table)
-
-    def set(self, rest: str) -> None:
-        m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)  # KEY VALUE or KEY=VALUE
-        key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
-        if key not in SETTINGS:
-            raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
-        if not value:
-            raise Hint(f"/set {key} needs a value, e.g. /set {key} {_EXAMPLES[key]}")
-        if key == "unknown":
-            if value not in UNKNOWN_POLICIES:
-                raise Hint(f"/set unknown takes {', '.join(UNKNOWN_POLICIES)}, not {value!r}")
-            self.unknown = value
-            self.hint(f"unknown = {value}", style="green")
-            return
-        try:
-            parsed = _parse_setting(key, value)
-            self.settings = dataclasses.replace(self.settings, **{key: parsed}).validate()
-        except (ValueError, ConfigError) as e:
-            raise Hint(f"bad value for {key}: {e}") from None
-        self.hint(f"{key} = {_show_value(parsed)}", style="green")
+    def goes_on(self) -> bool:
+        return self.mode == "continue" and bool(self.gen.ids)
 
     def show(self) -> None:
         ck, m, s = self.ckpt, self.ckpt.model_config, self.settings
@@ -338,44 +428,13 @@ class Repl:
             raise Hint(f"cannot write {target}: {e.strerror or e}") from None
         self.hint(f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green")
 
-    # ---- terminal niceties ----------------------------------------------------------------------
-
-    def _banner(self) -> None:
+    def banner(self) -> None:
         m = self.ckpt.model_config
         self.console.print(Text.assemble(
             ("charlm chat", "bold"), " · ", safe_text(self.ckpt.name),
             (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
         ), soft_wrap=True)
         self.console.print(Text("type a prompt; /help for commands; Ctrl-C stops a generation; Ctrl-D leaves", style="dim"))
-
-    def _setup_readline(self) -> None:
-        try:
-            import readline
-        except ImportError:  # e.g. Windows without pyreadline: plain input() still works
-            return
-        readline.set_completer(_complete)
-        readline.set_completer_delims(" \t\n")
-        if "libedit" in (readline.__doc__ or ""):
-            readline.parse_and_bind("bind ^I rl_complete")
-        else:
-            readline.parse_and_bind("tab: complete")
-        self.history = cache_dir() / "chat_history"
-        readline.set_history_length(1000)
-        try:
-            readline.read_history_file(self.history)
-        except OSError:  # no history yet, or unreadable: start without
-            pass
-
-    def _save_history(self) -> None:
-        if self.history is None:
-            return
-        import readline
-
-        try:
-            self.history.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(self.history)
-        except OSError:  # a read-only cache dir costs the history, not the session
-            pass
 
 
 _EXAMPLES = {"temperature": "0.8", "top_k": "40", "top_p": "0.9", "repetition_penalty": "1.2", "max_tokens": "300",
@@ -409,13 +468,13 @@ def _line_buffer() -> str:
     return readline.get_line_buffer()
 
 
-def _complete(text: str, state: int) -> str | None:
+def _complete(commands: dict[str, str], text: str, state: int) -> str | None:
     """readline completer: /commands, then /set keys and /mode values."""
     import readline
 
     words = readline.get_line_buffer().lstrip().split(" ")
     if len(words) <= 1:
-        options = [c + " " for c in COMMANDS if c.startswith(text)]
+        options = [c + " " for c in commands if c.startswith(text)]
     elif len(words) == 2 and words[0] == "/set":
         options = [k + " " for k in SETTINGS if k.startswith(text)]
     elif len(words) == 2 and words[0] == "/mode":

@@ -1,6 +1,11 @@
-"""The gates of an LSTM / GRU, recomputed from its trained weights one time step at a time.
+"""Probes: numbers read off a model's forward pass, for the viewers (charlm attn / gates, chat's /attn and
+/gates) and for experiments that score what a model learned. Nothing here draws or prints.
 
-PyTorch's fused kernels return only the hidden states; to see the gates we re-run each layer's
+  capture_attention(model, ids) -> (offset, weights)   a transformer's attention, weights (L, nh, T, T)
+  head_stats(weights) -> [HeadStats]                   entropy, distance looked back, most common offset
+  trace_gates(model, ids) -> (offset, [LayerTrace])    an LSTM/GRU's gates and states, one trace per layer
+
+Gates: PyTorch's fused kernels return only the hidden states; to see the gates we re-run each layer's
 equations in Python with the layer's own weights (torch.nn.LSTM / GRU docs):
 
   LSTM (weights stacked in the order i, f, g, o)
@@ -22,8 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
+
+from charlm.config import ConfigError
+
+MAX_GATE_TOKENS = 2048  # longer texts: the gates of the last ones (the Python loop is ~0.1 ms per step)
 
 LSTM_GATES = ("input", "forget", "cell", "output")  # PyTorch's order: i, f, g, o
 GRU_GATES = ("reset", "update", "new")  # r, z, n
@@ -93,3 +103,74 @@ def trace_model(model, idx: torch.Tensor) -> list[LayerTrace]:
     """The gates of a charlm RNN (an LSTM or GRU language model) reading idx (B, T) from a fresh state."""
     x = model.tok_emb(idx)  # the dropout after the embedding is off in eval
     return trace_rnn(model.rnn, x)
+
+
+@torch.no_grad()
+def trace_gates(model, ids: list[int], max_tokens: int = MAX_GATE_TOKENS) -> tuple[int, list[LayerTrace]]:
+    """The gates of an LSTM/GRU model reading the last `max_tokens` of ids from a fresh state, in eval mode;
+    returns (offset, traces): traces[l] is layer l, position t of it is token offset+t."""
+    if not ids:
+        raise ConfigError("there is no text to look at yet: give a prompt first")
+    offset = max(0, len(ids) - max_tokens)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        return offset, trace_model(model, torch.tensor([ids[offset:]], dtype=torch.long, device=device))
+    finally:
+        model.train(was_training)
+
+
+def capture_attention(model, ids: list[int]) -> tuple[int, np.ndarray]:
+    """Run the last `context` tokens of ids through the model once; return (offset, weights) where
+    weights[l, h, i, j] is how much token offset+i attended to token offset+j in layer l, head h.
+    The weights come from the model's own forward pass (Transformer.forward(attn=[]) takes its explicit
+    softmax path)."""
+    if not ids:
+        raise ConfigError("there is no text to look at yet: give a prompt first")
+    offset = max(0, len(ids) - model.cfg.context)
+    device = next(model.parameters()).device
+    idx = torch.tensor([ids[offset:]], dtype=torch.long, device=device)
+    attn: list[torch.Tensor] = []
+    was_training = model.training
+    model.eval()  # no dropout on the weights we show
+    try:
+        with torch.no_grad():
+            model(idx, attn=attn)
+    finally:
+        model.train(was_training)
+    return offset, torch.stack([a[0] for a in attn]).float().cpu().numpy()  # (L, nh, T, T)
+
+
+@dataclass
+class HeadStats:
+    layer: int
+    head: int
+    entropy: float  # bits, mean over query tokens
+    distance: float  # tokens looked back, weighted by attention, mean over query tokens
+    offset: int  # the most common distance to a row's strongest key (0: itself, 1: the token before)
+    offset_share: float  # how often that is the strongest key
+
+
+def head_stats(weights: np.ndarray) -> list[HeadStats]:
+    """Statistics of every head from weights (L, nh, T, T), over all query tokens but the first (which
+    can only look at itself)."""
+    L, H, T, _ = weights.shape
+    i = np.arange(T)
+    back = np.clip(i[:, None] - i[None, :], 0, None)  # (T, T) how far back key j is from query i
+    out = []
+    for layer in range(L):
+        for head in range(H):
+            w = weights[layer, head, 1:].astype(np.float64)  # (T-1, T)
+            if len(w) == 0:
+                ent = dist = 0.0
+                common, share = 0, 1.0
+            else:
+                ent = float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
+                dist = float(np.mean(np.sum(w * back[1:], axis=1)))
+                offsets = i[1:] - w.argmax(axis=1)
+                counts = np.bincount(offsets)
+                common = int(counts.argmax())
+                share = float(counts[common] / len(offsets))
+            out.append(HeadStats(layer, head, ent, dist, common, share))
+    return out
