@@ -21,8 +21,11 @@ BEFORE_ESCAPES = "window breaks?\n"  # a prompt the model continues with ESCAPES
 
 
 
-def run(*args, input=None):
-    return CliRunner().invoke(main, ["sample", *map(str, args)], input=input)
+def run(*args, input=None, code=0):
+    """`charlm sample ARGS`, checked to exit with `code`: two failed runs never pass as equal output."""
+    r = CliRunner().invoke(main, ["sample", *map(str, args)], input=input)
+    assert r.exit_code == code, (r.exit_code, r.output)
+    return r
 
 
 def engine(ckpt, prompt: str, **settings) -> str:
@@ -82,7 +85,7 @@ def test_prompt_from_stdin_and_from_a_file(gen_runs, tmp_path):
 
 
 def test_unknown_characters(gen_runs):
-    r = run(gen_runs["tf"], "-p", "ROMEO ü€", "-n", 5)
+    r = run(gen_runs["tf"], "-p", "ROMEO ü€", "-n", 5, code=1)
     assert r.exit_code == 1
     assert r.stderr.count("\n") == 1 and "never saw" in r.stderr and "--unknown" in r.stderr
     assert "Traceback" not in r.output
@@ -104,15 +107,14 @@ def test_unknown_characters(gen_runs):
     (["--prompt-file", "/no/such/file.txt"], "no such file"),
 ])
 def test_bad_flags_are_one_line_errors(gen_runs, args, message):
-    r = run(gen_runs["tf"], *args)
-    assert r.exit_code != 0
+    r = run(gen_runs["tf"], *args, code=1)
     assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.output
 
 
 def test_bad_checkpoint_is_a_one_line_error(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     for path in (tmp_path / "missing", tmp_path / "junk.pt"):
-        r = run(path, "-p", "x")
+        r = run(path, "-p", "x", code=1)
         assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.output
 
 
