@@ -4,7 +4,7 @@
     python benchmarks/bench_generate.py --repeats 1  # a quick look
 
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Transformer.fast_decode = False: what the numpy step buys) and
+cache but the torch one-token step (Generator(fast_decode=False): what the numpy step buys) and
 without the cache; the time per token over the first and the last 100 tokens (flat = the window
 slides without slowing down); and the time to the first token after a prompt of half the context.
 
@@ -41,8 +41,7 @@ VARIANTS = ("cache", "cache, torch step", "no cache")
 
 
 def run_once(model, variant: str, n_tokens: int, seed: int) -> dict:
-    model.fast_decode = variant != "cache, torch step"
-    gen = Generator(model, TOKENIZER, use_cache=variant != "no cache")
+    gen = Generator(model, TOKENIZER, use_cache=variant != "no cache", fast_decode=variant != "cache, torch step")
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
     settings = SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
     times = []

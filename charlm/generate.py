@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from charlm.config import ConfigError
+from charlm.models.fast_decode import FastDecoder
 
 
 @dataclass
@@ -133,18 +134,20 @@ class Generator:
     """Streams text from a model, keeping the running text and the model's cache between calls.
 
     use_cache=False recomputes the whole window for every token (to show what the cache saves).
+    fast_decode=False runs every cached one-token step in torch, never in numpy (FastDecoder).
     A Transformer's window slides when the text outgrows its context: the last half is kept and
     prefilled again, so generation can go on for ever at a steady speed.
     """
 
-    def __init__(self, model, tokenizer, use_cache: bool = True):
-        self.model, self.tokenizer, self.use_cache = model, tokenizer, use_cache
+    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True):
+        self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
         self.context = model.cfg.context
         self.sliding = model.has_attention  # an RNN's state has no length limit
         self.device = next(model.parameters()).device
         self.ids: list[int] = []  # the running text (for a Transformer: the window it sees)
         self.cache = None  # holds the first cache.pos tokens of self.ids
         self._last = None  # the logits after them
+        self.fast = None  # the numpy one-token step over self.cache, made when FastDecoder supports the model
         self.stats = Stats()
 
     def reset(self) -> None:
@@ -156,10 +159,6 @@ class Generator:
         if self.cache is not None:
             self.cache.reset()
         self._last = None
-
-    @property
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids)
 
     def _window(self) -> None:
         """Keep the running text inside the Transformer's context: when it overflows, keep the last
@@ -180,8 +179,13 @@ class Generator:
             self.cache = self.model.new_cache(1)
         if self.cache.pos == len(self.ids) and self._last is not None:  # asked twice: nothing new to feed
             return self._last
-        idx = torch.tensor([self.ids[self.cache.pos:]], dtype=torch.long, device=self.device)
-        self._last = self.model(idx, cache=self.cache)[0][0, -1]
+        if self.fast_decode and self.cache.pos == len(self.ids) - 1 and FastDecoder.supports(self.model):
+            if self.fast is None:
+                self.fast = FastDecoder(self.model, self.cache)
+            self._last = self.fast.step(self.ids[-1])
+        else:
+            idx = torch.tensor([self.ids[self.cache.pos:]], dtype=torch.long, device=self.device)
+            self._last = self.model(idx, cache=self.cache)[0][0, -1]
         return self._last
 
     def stream(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> Iterator[str]:

@@ -12,6 +12,7 @@ import torch
 from charlm.config import ConfigError, ModelConfig
 from charlm.generate import Generator, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
 from charlm.models import build_model
+from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import BPETokenizer, CharTokenizer
 
 CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))
@@ -297,9 +298,8 @@ def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast)
     """Every step of the Generator (prefill, one-token steps, window slides and re-prefills) gives the
     logits of one full forward pass over the text it holds."""
     model = model_of(kind, positions, context=16)
-    model.fast_decode = fast
     g = torch.Generator().manual_seed(7)
-    gen = Generator(model, CHARS)
+    gen = Generator(model, CHARS, fast_decode=fast)
     gen.ids = torch.randint(0, CHARS.vocab_size, (5,), generator=g).tolist()
     slides, worst = 0, 0.0
     for step in range(60):
@@ -312,21 +312,26 @@ def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast)
         gen.ids.append(int(torch.randint(0, CHARS.vocab_size, (1,), generator=g)))
     assert worst <= 1e-4
     assert full.abs().max() > 1.0  # the logits are big enough for the comparison to bite
+    assert (gen.fast is not None) == (fast and kind == "transformer")  # the numpy step ran when asked for
     if kind == "transformer":
         assert slides >= 5 and len(gen.ids) <= 17
 
 
 @pytest.mark.parametrize("kind,positions,fast", CONFIGS)
 def test_prefill_in_chunks_equals_a_full_pass(kind, positions, fast):
+    """Chunks of several tokens go through forward(); with fast, single tokens through FastDecoder."""
     model = model_of(kind, positions, context=32)
-    model.fast_decode = fast
     ids = torch.randint(0, CHARS.vocab_size, (1, 32), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         full, _ = model(ids)
         cache = model.new_cache(1)
+        step = FastDecoder(model, cache).step if fast and kind == "transformer" else None
         outs, start = [], 0
         for size in (5, 1, 1, 3, 1, 7, 1, 1, 2, 10):
-            out, _ = model(ids[:, start: start + size], cache=cache)
+            if size == 1 and step is not None:
+                out = step(int(ids[0, start])).view(1, 1, -1)
+            else:
+                out, _ = model(ids[:, start: start + size], cache=cache)
             outs.append(out)
             start += size
     assert start == 32 and cache.pos == 32
