@@ -131,3 +131,22 @@ def test_refuses_to_run_past_the_context():
         model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="9 positions exceed the model's context of 8"):
             FastDecoder(model, cache).step(0)
+
+
+def test_rolling_cache_fast_equals_torch_far_past_the_context():
+    """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
+    contents (ring order included) as torch's one-token steps, at every position."""
+    model = model_of(context=8)
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
+    decoder = FastDecoder(model, fast_cache)
+    with torch.no_grad():
+        for cache in (fast_cache, torch_cache):
+            model(torch.tensor([ids[:5]]), cache=cache)
+        for t in range(5, 40):
+            want = model(torch.tensor([[ids[t]]]), cache=torch_cache)[0][0, -1]
+            got = decoder.step(ids[t])
+            assert (got - want).abs().max().item() <= 1e-4, f"position {t}"
+    assert fast_cache.pos == torch_cache.pos == 40
+    torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)

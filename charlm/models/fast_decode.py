@@ -8,7 +8,7 @@ tests compare the two block by block at every position.
 
 FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token:
 it reads the weights through zero-copy views (never stale copies), writes its keys and values into
-the same KVCache a torch prefill fills, and advances cache.pos.
+the same KVCache a torch prefill fills, and advances cache.pos. A rolling cache wraps around.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from charlm.models.transformer import KVCache, Transformer
+from charlm.models.transformer import KVCache, Transformer, rope_inv_freq
 
 
 class FastDecoder:
@@ -36,6 +36,7 @@ class FastDecoder:
             self.pos_table = _np(model.pos_table)
         else:
             self.rope = _rope_matrix(_np(model.rope_cos), _np(model.rope_sin))
+            self.inv_freq = rope_inv_freq(model.cfg.d_model // model.cfg.n_heads).numpy()
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -48,21 +49,22 @@ class FastDecoder:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
         residual stream (C,) after each block's attention and after its MLP, in order."""
         pos = self.cache.pos
-        if pos >= self.cfg.context:
+        if not self.cache.fits(1):
             raise ValueError(f"{pos + 1} positions exceed the model's context of {self.cfg.context}")
         nh, hs = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        slot, n_keys = pos % self.cache.slots, min(pos + 1, self.cache.slots)  # rolling: overwrite the oldest
         x = self.tok_emb[token]  # (C,)
         if self.pos_table is not None:  # learned or sinusoidal positions
             x = x + self.pos_table[pos]
         rope = None
         if self.rope is not None:  # apply_rope at this position as one matrix (hs, hs): x @ rope
             rope, rope_at, rope_values = self.rope
-            np.put(rope, rope_at, rope_values[pos])
+            np.put(rope, rope_at, rope_values[pos] if pos < len(rope_values) else self._rope_values_at(pos))
         for l, (n1, qkv, proj, n2, fc, fc_proj) in enumerate(self.layers):
             qkv_x = np.dot(qkv, _rms_norm(x, *n1)).reshape(3, nh, hs)  # q, k, v: each (nh, hs)
             q, k = qkv_x[:2] if rope is None else np.matmul(qkv_x[:2], rope)
-            self.k[l, :, pos], self.v[l, :, pos] = k, qkv_x[2]
-            keys, values = self.k[l, :, : pos + 1], self.v[l, :, : pos + 1]  # (nh, T, hs)
+            self.k[l, :, slot], self.v[l, :, slot] = k, qkv_x[2]
+            keys, values = self.k[l, :, :n_keys], self.v[l, :, :n_keys]  # (nh, T, hs), once rolled in ring order
             att = np.matmul(keys, q[:, :, None])[:, :, 0] * (1.0 / math.sqrt(hs))  # (nh, T)
             att -= att.max(axis=-1, keepdims=True)  # softmax, in place
             np.exp(att, out=att)
@@ -78,6 +80,11 @@ class FastDecoder:
                 trace.append(x)
         self.cache.pos += 1
         return torch.from_numpy(np.dot(self.head, _rms_norm(x, *self.norm)))  # (vocab,)
+
+    def _rope_values_at(self, pos: int) -> np.ndarray:
+        # past the table (a rolling cache): rope_at's angles, in numpy (a few µs where torch takes ~50)
+        angles = pos * self.inv_freq
+        return _rope_values(np.cos(angles), np.sin(angles))
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -102,5 +109,9 @@ def _rope_matrix(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarr
     h = cos.shape[1]
     i = np.arange(h)
     where = np.concatenate([i * 2 * h + i, (h + i) * 2 * h + h + i, (h + i) * 2 * h + i, i * 2 * h + h + i])
-    values = np.concatenate([cos, cos, -sin, sin], axis=1).astype(np.float32)
-    return np.zeros((2 * h, 2 * h), dtype=np.float32), where, values
+    return np.zeros((2 * h, 2 * h), dtype=np.float32), where, _rope_values(cos, sin)
+
+
+def _rope_values(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    # cast to float32 after the trigonometry, as rope_at does
+    return np.concatenate([cos, cos, -sin, sin], axis=-1).astype(np.float32)

@@ -2,7 +2,7 @@
 an MLP, a final norm and an output head tied to the embedding.
 
 forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
-  cache: a KVCache; the new tokens are appended to it and attend to everything cached before them.
+  cache: a KVCache; the new tokens are appended to it and attend to everything it keeps.
   attn:  a list; when given, every layer appends its attention weights (B, n_heads, T, T_keys).
 """
 
@@ -18,21 +18,35 @@ from charlm.config import ModelConfig
 
 
 class KVCache:
-    """Keys and values of every layer, pre-allocated for `max_len` positions.
+    """Keys and values of every layer, pre-allocated for `slots` positions (the model's context).
 
-    `pos` is how many positions are filled. The model writes layer by layer and advances `pos` once
-    per forward call, after the last layer.
+    `pos` is how many positions have been fed. The model writes layer by layer and advances `pos` once
+    per forward call, after the last layer. A rolling cache (RoPE models only) goes on past its slots,
+    one token at a time: each new position overwrites the oldest (a ring buffer), so it always holds
+    the last `slots` positions. Keys are stored already rotated to their position, so a query sees
+    every kept key at its true distance, never more than the context the model was trained on.
     """
 
-    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, max_len: int, device, dtype):
-        shape = (n_layers, batch_size, n_heads, max_len, head_dim)
+    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, slots: int, device, dtype,
+                 rolling: bool = False):
+        shape = (n_layers, batch_size, n_heads, slots, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.slots, self.rolling = slots, rolling
         self.pos = 0
 
+    def fits(self, T: int) -> bool:
+        """Whether T more positions can be fed in one call."""
+        return self.pos + T <= self.slots or (self.rolling and T == 1)
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this layer's new k, v (B, nh, T, hs); return all keys and values so far."""
+        """Store this layer's new k, v (B, nh, T, hs); return all keys and values kept. Once a rolling
+        cache is full they come in ring order, not time order: attention of one query sums over them."""
         end = self.pos + k.size(2)
+        if end > self.slots:  # rolling, one token
+            self.k[layer, :, :, self.pos % self.slots] = k[:, :, 0]
+            self.v[layer, :, :, self.pos % self.slots] = v[:, :, 0]
+            return self.k[layer], self.v[layer]
         self.k[layer, :, :, self.pos : end] = k
         self.v[layer, :, :, self.pos : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
@@ -45,6 +59,18 @@ def rope_tables(head_dim: int, max_len: int, base: float = 10000.0) -> tuple[tor
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
     return angles.cos(), angles.sin()
+
+
+def rope_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    # rope_tables' frequencies in float64: past the table (a rolling cache) positions grow without bound,
+    # and a float32 angle pos * freq would lose its fraction
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def rope_at(head_dim: int, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_tables' rows start .. start + T - 1 for positions past the table."""
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float64), rope_inv_freq(head_dim))
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,10 +106,9 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        past = 0
         if cache is not None:
-            past = cache.pos
             k, v = cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
+        past = k.size(2) - T  # keys before these queries
         if attn is None:
             y = self._sdpa(q, k, v, past)
         else:
@@ -169,16 +194,18 @@ class Transformer(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def new_cache(self, batch_size: int = 1, device=None, dtype=None) -> KVCache:
+    def new_cache(self, batch_size: int = 1, device=None, dtype=None, rolling: bool = False) -> KVCache:
         p = self.tok_emb.weight
         c = self.cfg
+        if rolling and c.positions != "rope":
+            raise ValueError(f"a rolling cache needs relative positions (rope), not {c.positions}")
         return KVCache(c.n_layers, batch_size, c.n_heads, c.d_model // c.n_heads, c.context,
-                       device or p.device, dtype or p.dtype)
+                       device or p.device, dtype or p.dtype, rolling)
 
     def forward(self, idx, targets=None, cache: KVCache | None = None, attn: list | None = None):
         B, T = idx.size()
         start = cache.pos if cache is not None else 0
-        if start + T > self.cfg.context:
+        if not (cache.fits(T) if cache is not None else T <= self.cfg.context):
             raise ValueError(f"{start + T} positions exceed the model's context of {self.cfg.context}")
         x = self.tok_emb(idx)  # (B, T, C)
         rope = None
@@ -186,8 +213,10 @@ class Transformer(nn.Module):
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         elif self.cfg.positions == "sinusoidal":
             x = x + self.pos_table[start : start + T]
-        else:
+        elif start + T <= self.cfg.context:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        else:  # a rolling cache, past the table
+            rope = tuple(t.to(x.device) for t in rope_at(self.cfg.d_model // self.cfg.n_heads, start, T))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, attn)
