@@ -2,11 +2,16 @@
 
     python benchmarks/bench_generate.py              # 3 repeats, ~5 minutes on a 2-core CPU
     python benchmarks/bench_generate.py --repeats 1  # a quick look
+    python benchmarks/bench_generate.py --size nanoGPT --variants cache --top-k 200 --tokens 500 --json
+        # issue 12's case; it runs against any charlm on PYTHONPATH (e.g. the main branch, side by side)
+    python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
+        # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Transformer.fast_decode = False: what the numpy step buys) and
-without the cache; the time per token over the first and the last 100 tokens (flat = the window
-slides without slowing down); and the time to the first token after a prompt of half the context.
+cache but the torch one-token step (Generator(fast_decode=False): what the numpy step buys) and
+without the cache; the time per token over the first and the last 100 tokens (flat = once the
+window is full, the rolling cache costs what filling it did); and the time to the first token after
+a prompt of half the context.
 
 The models are freshly initialised (random weights): speed does not depend on what a model has
 learnt. Variants run interleaved, repeat after repeat, so a noisy shared CPU hurts them alike; the
@@ -17,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from charlm import checkpoint
 from charlm.config import ModelConfig, preset
 from charlm.generate import Generator, SampleConfig
 from charlm.models import build_model, count_params
@@ -40,11 +48,11 @@ SIZES = {
 VARIANTS = ("cache", "cache, torch step", "no cache")
 
 
-def run_once(model, variant: str, n_tokens: int, seed: int) -> dict:
-    model.fast_decode = variant != "cache, torch step"
-    gen = Generator(model, TOKENIZER, use_cache=variant != "no cache")
+def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
+    torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
+    gen = Generator(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
-    settings = SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
+    settings = SampleConfig(temperature=0.8, top_k=top_k, max_tokens=n_tokens, seed=seed)
     times = []
     cpu = time.thread_time()
     last = time.perf_counter()
@@ -58,29 +66,55 @@ def run_once(model, variant: str, n_tokens: int, seed: int) -> dict:
             "first100_ms": 1000 * statistics.mean(times[1:101]), "last100_ms": 1000 * statistics.mean(times[-100:])}
 
 
+def heldout(ckpt: str, text_file: str) -> None:
+    """Teacher-forced bits/char and top-1 accuracy of the Generator's next-token logits along a text:
+    the cache (a rolling cache past the context, for RoPE) against recomputing the window every token."""
+    ck = checkpoint.load(ckpt)
+    ids = ck.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"), unknown="drop")
+    chars = len(ck.tokenizer.decode(ids[1:]))
+    print(f"{ckpt}: {ck.model_config.to_dict()}, {len(ids) - 1:,} tokens scored ({chars:,} chars)")
+    for use_cache in (True, False):
+        gen = Generator(ck.model, ck.tokenizer, use_cache=use_cache)
+        gen.ids, nats, hits = ids[:1], 0.0, 0
+        for t in ids[1:]:
+            logits = gen.next_logits().float()
+            nats -= torch.log_softmax(logits, -1)[t].item()
+            hits += int(logits.argmax()) == t
+            gen.ids.append(t)
+        print(json.dumps({"cache": use_cache, "bits_per_char": round(nats / math.log(2) / chars, 4),
+                          "top1": round(hits / (len(ids) - 1), 4)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, nargs="+", default=[500, 2000])
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON lines")
+    ap.add_argument("--size", default="", help="only the model sizes whose name contains this")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
+    ap.add_argument("--heldout", nargs=2, metavar=("CKPT", "TEXT"), help="score a trained model on a text instead")
     args = ap.parse_args()
+    if args.heldout:
+        return heldout(*args.heldout)
+    sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads available "
           f"(generation runs on 1), torch {torch.__version__}")
     rows = []
-    for size, dims in SIZES.items():
+    for size, dims in sizes.items():
         torch.manual_seed(0)
         model = build_model(ModelConfig(kind="transformer", vocab_size=TOKENIZER.vocab_size, **dims)).eval()
         Generator(model, TOKENIZER).complete([0], SampleConfig(max_tokens=20, seed=0))  # warm-up
         for n in args.tokens:
-            results = {v: [] for v in VARIANTS}
+            results = {v: [] for v in args.variants}
             for r in range(args.repeats):
-                for v in VARIANTS:  # interleaved: load changes on a shared machine hit every variant
-                    results[v].append(run_once(model, v, n, seed=r))
+                for v in args.variants:  # interleaved: load changes on a shared machine hit every variant
+                    results[v].append(run_once(model, v, n, seed=r, top_k=args.top_k))
             med = {v: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for v, xs in results.items()}
             rows.append((size, count_params(model), n, med))
             if args.json:
-                print(json.dumps({"size": size, "tokens": n, "runs": results}))
+                print(json.dumps({"size": size, "tokens": n, "top_k": args.top_k, "runs": results}))
 
     print()
     print(f"medians over {args.repeats} repeats; tokens/s is wall clock and counts prefill and every step; "
@@ -89,10 +123,11 @@ def main() -> None:
     print("| model | new tokens | variant | tokens/s | tokens per CPU-s | ms/token first 100 | ms/token last 100 | TTFT ms |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for size, params, n, med in rows:
-        for v in VARIANTS:
-            m = med[v]
+        for v, m in med.items():
             print(f"| {size}, {params / 1e6:.2f}M params | {n:,} | {v} | {m['tokens_per_s']:,.0f} | {m['tokens_per_cpu_s']:,.0f} | "
                   f"{m['first100_ms']:.3f} | {m['last100_ms']:.3f} | {m['ttft_ms']:.1f} |")
+    if args.variants != list(VARIANTS):
+        return
     print()
     print("ratios of the medians: wall clock (per CPU-second in brackets)")
     print()

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from charlm.config import SampleConfig
+from charlm.models.fast_decode import FastDecoder
 
 
 def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,7 +58,8 @@ def sample_next_token(
     `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call)."""
     if s.temperature == 0 and (s.repetition_penalty == 1.0 or history is None):
         return int(logits.argmax())
-    if s.top_k == 0 and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":
+    all_k = s.top_k == 0 or s.top_k >= logits.numel()  # top_k >= vocab keeps every token: it disables nothing
+    if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":
         # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
         z = logits.float().numpy().astype(np.float64) / s.temperature
         probs = np.exp(z - z.max())
@@ -104,19 +106,30 @@ class Stats:
 class Generator:
     """Streams text from a model, keeping the running text and the model's cache between calls.
 
-    use_cache=False recomputes the whole window for every token (to show what the cache saves).
-    A Transformer's window slides when the text outgrows its context: the last half is kept and
-    prefilled again, so generation can go on for ever at a steady speed.
+    A Transformer sees at most its context, so the running text keeps the last `context` tokens. Once
+    the text outgrows it, a RoPE model's cache rolls: a ring buffer keeps the last `context` tokens'
+    keys and values, and each new token costs one step, for ever. A model with absolute positions
+    (learned, sinusoidal) cannot shift its cached keys, so it prefills the last `context` tokens again
+    for every new token, as recomputing the window does. An RNN's state has no length limit.
+
+    A rolled cache is sliding-window attention: each position attends to the `context` positions up
+    to it, whose keys were computed from windows of their own. With two layers or more, what a token
+    sees therefore reaches further back than one window, and text past the context differs from what
+    use_cache=False writes: that recomputes the window for every token (nanoGPT's generate), to show
+    what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy.
     """
 
-    def __init__(self, model, tokenizer, use_cache: bool = True):
-        self.model, self.tokenizer, self.use_cache = model, tokenizer, use_cache
+    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True):
+        self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
         self.context = model.cfg.context
         self.sliding = model.has_attention  # an RNN's state has no length limit
+        self.rolling = model.has_attention and model.cfg.positions == "rope"
         self.device = next(model.parameters()).device
         self.ids: list[int] = []  # the running text (for a Transformer: the window it sees)
-        self.cache = None  # holds the first cache.pos tokens of self.ids
+        self.cache = None
+        self._fed = 0  # the cache holds self.ids[:self._fed] (a rolled one: its last context tokens)
         self._last = None  # the logits after them
+        self.fast = None  # the numpy one-token step over self.cache, made when FastDecoder supports the model
         self.stats = Stats()
 
     def reset(self) -> None:
@@ -127,34 +140,41 @@ class Generator:
     def _drop_cache(self) -> None:
         if self.cache is not None:
             self.cache.reset()
+        self._fed = 0
         self._last = None
-
-    @property
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids)
-
-    def _window(self) -> None:
-        """Keep the running text inside the Transformer's context: when it overflows, keep the last
-        half and empty the cache (the kept half is prefilled again by the next step)."""
-        if self.sliding and len(self.ids) > self.context:
-            self.ids = self.ids[-(self.context // 2):]
-            self._drop_cache()
 
     @torch.inference_mode()
     def next_logits(self) -> torch.Tensor:
         """Logits (vocab,) for the token after the running text, feeding the model only what it has
-        not seen (after sliding the window if the text outgrew the context)."""
-        self._window()
+        not seen."""
         if not self.use_cache:
-            idx = torch.tensor([self.ids], dtype=torch.long, device=self.device)
-            return self.model(idx)[0][0, -1]
+            if self.sliding:
+                self.ids = self.ids[-self.context:]
+            return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
         if self.cache is None:
-            self.cache = self.model.new_cache(1)
-        if self.cache.pos == len(self.ids) and self._last is not None:  # asked twice: nothing new to feed
+            self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
+        new = self.ids[self._fed:]
+        if not new and self._last is not None:  # asked twice: nothing new to feed
             return self._last
-        idx = torch.tensor([self.ids[self.cache.pos:]], dtype=torch.long, device=self.device)
-        self._last = self.model(idx, cache=self.cache)[0][0, -1]
-        return self._last
+        if self.sliding and self.cache.pos + len(new) > self.context and not (self.rolling and len(new) < self.context):
+            self._drop_cache()  # start again from the last context tokens (a long prompt, or absolute positions)
+            new = self.ids[-self.context:]
+        # a rolling cache takes what fits in its free slots at once, and the rest one token at a time
+        first = min(len(new), max(self.context - self.cache.pos, 1)) if self.rolling else len(new)
+        logits = self._feed(new[:first])
+        for token in new[first:]:
+            logits = self._feed([token])
+        if self.sliding:
+            self.ids = self.ids[-self.context:]
+        self._fed, self._last = len(self.ids), logits
+        return logits
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        if len(tokens) == 1 and self.fast_decode and FastDecoder.supports(self.model):
+            if self.fast is None:
+                self.fast = FastDecoder(self.model, self.cache)
+            return self.fast.step(tokens[0])
+        return self.model(torch.tensor([tokens], dtype=torch.long, device=self.device), cache=self.cache)[0][0, -1]
 
     def stream(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> Iterator[str]:
         """Append prompt_ids to the running text, then yield the continuation as text pieces.

@@ -12,6 +12,7 @@ import torch
 from charlm.config import ConfigError, ModelConfig
 from charlm.generate import Generator, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
 from charlm.models import build_model
+from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import BPETokenizer, CharTokenizer
 
 CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))
@@ -183,11 +184,27 @@ def test_same_seed_same_text_different_seed_different_text():
     assert len(a) == 80 and a != d
 
 
-def test_cached_and_uncached_generation_agree():
-    model = model_of(context=16)
+@pytest.mark.parametrize("positions,layers", [("rope", 1), ("learned", 2), ("sinusoidal", 2)])
+def test_cached_and_uncached_generation_agree(positions, layers):
+    """Well past the context. (A rolled cache in a RoPE model of 2+ layers sees further back than the
+    window recomputed without a cache: test_rolling_cache_generation_is_sliding_window_attention.)"""
+    model = model_of(positions=positions, layers=layers, context=16)
     s = SampleConfig(temperature=0, max_tokens=60)
     prompt = CHARS.encode("the cat")
     assert Generator(model, CHARS).complete(prompt, s) == Generator(model, CHARS, use_cache=False).complete(prompt, s)
+
+
+def test_rolling_cache_generation_is_sliding_window_attention():
+    """Greedy generation with a rolling cache picks, at every step, the argmax of the sliding-window
+    reference over the whole text so far."""
+    model = model_of(context=16, layers=3)
+    gen = Generator(model, CHARS)
+    text = CHARS.encode("the cat") + CHARS.encode(gen.complete(CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))
+    with torch.no_grad():
+        reference = sliding_window_logits(model, text[:-1]).argmax(-1)
+    assert text[7:] == reference[6:].tolist()
+    assert text != CHARS.encode("the cat" + Generator(model, CHARS, use_cache=False).complete(
+        CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))  # the two semantics do differ here
 
 
 def test_stats_are_filled():
@@ -292,41 +309,80 @@ CONFIGS = [("transformer", "rope", True), ("transformer", "rope", False), ("tran
            ("gru", "rope", True)]
 
 
+def sliding_window_logits(model, ids: list[int]) -> torch.Tensor:
+    """What a rolling cache computes, written out plainly: one pass over all of ids (as long as they
+    are) in which each position attends to itself and the context - 1 positions before it, with RoPE
+    at the true positions. Logits (len(ids), vocab)."""
+    cfg, N = model.cfg, len(ids)
+    nh, hs = cfg.n_heads, cfg.d_model // cfg.n_heads
+    freq = 1.0 / 10000.0 ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    angles = torch.outer(torch.arange(N, dtype=torch.float64), freq)
+    cos, sin = angles.cos().float(), angles.sin().float()  # (N, hs/2)
+
+    def rotate(t):  # (nh, N, hs): each (first half, second half) channel pair turned by its position's angle
+        a, b = t.chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+    i = torch.arange(N)
+    seen = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - cfg.context)  # (query, key)
+    x = model.tok_emb(torch.tensor(ids))  # (N, C)
+    for block in model.blocks:
+        q, k, v = (t.view(N, nh, hs).transpose(0, 1) for t in block.attn.qkv(block.norm1(x)).split(cfg.d_model, -1))
+        scores = (rotate(q) @ rotate(k).transpose(-2, -1)) / math.sqrt(hs)  # (nh, N, N)
+        y = scores.masked_fill(~seen, float("-inf")).softmax(-1) @ v  # (nh, N, hs)
+        x = x + block.attn.proj(y.transpose(0, 1).reshape(N, cfg.d_model))
+        x = x + block.mlp(block.norm2(x))
+    return model.head(model.norm(x))
+
+
 @pytest.mark.parametrize("kind,positions,fast", CONFIGS)
 def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast):
-    """Every step of the Generator (prefill, one-token steps, window slides and re-prefills) gives the
-    logits of one full forward pass over the text it holds."""
+    """Every step of the Generator (prefill, one-token steps, window slides and re-prefills, a rolled
+    cache) gives the logits of one full forward pass: for RoPE the sliding-window pass over the whole
+    text so far, for learned and sinusoidal positions the pass over the last context tokens (what the
+    generator holds), for an RNN the pass over the whole text."""
     model = model_of(kind, positions, context=16)
-    model.fast_decode = fast
     g = torch.Generator().manual_seed(7)
-    gen = Generator(model, CHARS)
+    gen = Generator(model, CHARS, fast_decode=fast)
     gen.ids = torch.randint(0, CHARS.vocab_size, (5,), generator=g).tolist()
+    text = list(gen.ids)
     slides, worst = 0, 0.0
     for step in range(60):
         before = len(gen.ids)
         logits = gen.next_logits()
         slides += len(gen.ids) < before
+        assert gen.ids == text[-16:] if kind == "transformer" else gen.ids == text
         with torch.no_grad():
-            full, _ = model(torch.tensor([gen.ids]))
+            if kind == "transformer" and positions == "rope":
+                full = sliding_window_logits(model, text)[None]
+            else:
+                full, _ = model(torch.tensor([gen.ids]))
         worst = max(worst, (logits - full[0, -1]).abs().max().item())
-        gen.ids.append(int(torch.randint(0, CHARS.vocab_size, (1,), generator=g)))
+        token = int(torch.randint(0, CHARS.vocab_size, (1,), generator=g))
+        gen.ids.append(token)
+        text.append(token)
     assert worst <= 1e-4
     assert full.abs().max() > 1.0  # the logits are big enough for the comparison to bite
+    assert (gen.fast is not None) == (fast and kind == "transformer")  # the numpy step ran when asked for
     if kind == "transformer":
         assert slides >= 5 and len(gen.ids) <= 17
 
 
 @pytest.mark.parametrize("kind,positions,fast", CONFIGS)
 def test_prefill_in_chunks_equals_a_full_pass(kind, positions, fast):
+    """Chunks of several tokens go through forward(); with fast, single tokens through FastDecoder."""
     model = model_of(kind, positions, context=32)
-    model.fast_decode = fast
     ids = torch.randint(0, CHARS.vocab_size, (1, 32), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         full, _ = model(ids)
         cache = model.new_cache(1)
+        step = FastDecoder(model, cache).step if fast and kind == "transformer" else None
         outs, start = [], 0
         for size in (5, 1, 1, 3, 1, 7, 1, 1, 2, 10):
-            out, _ = model(ids[:, start: start + size], cache=cache)
+            if size == 1 and step is not None:
+                out = step(int(ids[0, start])).view(1, 1, -1)
+            else:
+                out, _ = model(ids[:, start: start + size], cache=cache)
             outs.append(out)
             start += size
     assert start == 32 and cache.pos == 32
@@ -369,3 +425,78 @@ def test_generation_leaves_the_thread_count_alone_even_when_streams_interleave()
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)  # as the session runs
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_one_layer_rolling_cache_equals_a_full_pass_over_the_last_window(fast):
+    """With one layer the keys depend on their token and position alone, so a rolled cache is exactly
+    the model's own forward over the last context tokens."""
+    model = model_of(layers=1, context=16)
+    g = torch.Generator().manual_seed(9)
+    gen = Generator(model, CHARS, fast_decode=fast)
+    gen.ids = torch.randint(0, CHARS.vocab_size, (3,), generator=g).tolist()
+    worst = 0.0
+    for _ in range(50):
+        logits = gen.next_logits()
+        with torch.no_grad():
+            full, _ = model(torch.tensor([gen.ids[-16:]]))
+        worst = max(worst, (logits - full[0, -1]).abs().max().item())
+        gen.ids.append(int(torch.randint(0, CHARS.vocab_size, (1,), generator=g)))
+    assert gen.cache.pos > 40 and len(gen.ids) == 17  # it rolled, and keeps the window
+    assert worst <= 1e-4 and full.abs().max() > 1.0
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_text_added_in_pieces_to_a_full_window(positions):
+    """As chat's continue mode does: pieces of text (a prompt) added to a full window. Pieces shorter
+    than the context roll in (RoPE) or re-prefill the window (absolute positions); a piece as long as
+    the context starts again from its last context tokens."""
+    model = model_of(positions=positions, context=16)
+    g = torch.Generator().manual_seed(10)
+    gen = Generator(model, CHARS)
+    text, start = [], 0  # the model's view begins at text[start] (after a restart)
+    for n in (12, 1, 5, 3, 1, 20, 1, 7, 15, 2):
+        piece = torch.randint(0, CHARS.vocab_size, (n,), generator=g).tolist()
+        gen.ids.extend(piece)
+        text.extend(piece)
+        if n >= 16:
+            start = len(text) - 16
+        logits = gen.next_logits()
+        with torch.no_grad():
+            if positions == "rope":
+                want = sliding_window_logits(model, text[start:])[-1]
+            else:
+                want = model(torch.tensor([text[-16:]]))[0][0, -1]
+        assert (logits - want).abs().max().item() <= 1e-4, f"after a piece of {n}"
+        assert gen.ids == text[-16:]
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_a_long_prompt_is_cut_to_the_last_context_tokens(positions):
+    model = model_of(positions=positions, context=16)
+    prompt = torch.randint(0, CHARS.vocab_size, (50,), generator=torch.Generator().manual_seed(11)).tolist()
+    gen = Generator(model, CHARS)
+    gen.ids = list(prompt)
+    logits = gen.next_logits()
+    assert gen.ids == prompt[-16:] and gen.cache.pos == 16
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(torch.tensor([prompt[-16:]]))[0][0, -1], atol=1e-4, rtol=0)
+
+
+def test_top_k_of_the_whole_vocabulary_stays_on_the_fast_path(monkeypatch):
+    """Regression: top_k >= vocab keeps every token, yet it sent each draw through sampling_probs's
+    torch ops. It draws what top_k=0 draws, without them."""
+    import charlm.generate as generate
+
+    g = torch.Generator().manual_seed(12)
+    logits = [torch.randn(30, generator=g) * 2 for _ in range(100)]
+    everything = [sample_next_token(x, SampleConfig(temperature=0.8), torch.Generator().manual_seed(i))
+                  for i, x in enumerate(logits)]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("sampling_probs called")
+
+    monkeypatch.setattr(generate, "sampling_probs", refuse)
+    for k in (30, 200):
+        assert [sample_next_token(x, SampleConfig(temperature=0.8, top_k=k), torch.Generator().manual_seed(i))
+                for i, x in enumerate(logits)] == everything

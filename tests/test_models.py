@@ -92,6 +92,27 @@ def test_transformer_refuses_to_run_past_its_context(positions):
         model(tokens(t=1), cache=cache)
 
 
+def test_rolling_cache_keeps_the_last_context_positions():
+    """Past its context a rolling cache takes one token at a time, each overwriting the oldest; one
+    query attends to every kept key whatever their order in the ring (checked against a full pass in
+    test_generate). Only RoPE can roll: absolute positions end at the context."""
+    model = tiny()
+    x = tokens(t=20)
+    cache = model.new_cache(B, rolling=True)
+    with torch.no_grad():
+        model(x[:, :16], cache=cache)
+        oldest, kept = cache.k[:, :, :, :3].clone(), cache.k[:, :, :, 3:].clone()
+        for t in range(16, 19):
+            model(x[:, t : t + 1], cache=cache)
+        assert cache.pos == 19
+        assert torch.equal(cache.k[:, :, :, 3:], kept)  # positions 0..2 overwritten, the rest untouched
+        assert (cache.k[:, :, :, :3] - oldest).abs().amax(dim=-1).min() > 0  # every one of them rewritten
+        with pytest.raises(ValueError, match="21 positions exceed the model's context of 16"):
+            model(x[:, 18:20], cache=cache)  # two at once past the end: never needed, refused
+    with pytest.raises(ValueError, match="a rolling cache needs relative positions"):
+        tiny("transformer", "learned").new_cache(1, rolling=True)
+
+
 @pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
 def test_attention_capture(positions):
     model = tiny("transformer", positions)

@@ -43,8 +43,8 @@ class RNN(nn.Module):
                     with torch.no_grad():
                         p[cfg.d_model : 2 * cfg.d_model].fill_(1.0)
 
-    def new_cache(self, batch_size: int = 1, device=None, dtype=None) -> RNNState:
-        return RNNState()
+    def new_cache(self, batch_size: int = 1) -> RNNState:
+        return RNNState()  # the layer sizes its (h, c) to the batch on the first call
 
     def forward(self, idx, targets=None, cache: RNNState | None = None):
         x = self.drop(self.tok_emb(idx))  # (B, T, C)

@@ -2,7 +2,7 @@
 an MLP, a final norm and an output head tied to the embedding.
 
 forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
-  cache: a KVCache; the new tokens are appended to it and attend to everything cached before them.
+  cache: a KVCache; the new tokens are appended to it and attend to everything it keeps.
   attn:  a list; when given, every layer appends its attention weights (B, n_heads, T, T_keys).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,23 +18,35 @@ from charlm.config import ModelConfig
 
 
 class KVCache:
-    """Keys and values of every layer, pre-allocated for `max_len` positions.
+    """Keys and values of every layer, pre-allocated for `slots` positions (the model's context).
 
-    `pos` is how many positions are filled. The model writes layer by layer and advances `pos` once
-    per forward call, after the last layer.
+    `pos` is how many positions have been fed. The model writes layer by layer and advances `pos` once
+    per forward call, after the last layer. A rolling cache (RoPE models only) goes on past its slots,
+    one token at a time: each new position overwrites the oldest (a ring buffer), so it always holds
+    the last `slots` positions. Keys are stored already rotated to their position, so a query sees
+    every kept key at its true distance, never more than the context the model was trained on.
     """
 
-    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, max_len: int, device, dtype):
-        shape = (n_layers, batch_size, n_heads, max_len, head_dim)
+    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, slots: int, device, dtype,
+                 rolling: bool = False):
+        shape = (n_layers, batch_size, n_heads, slots, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
+        self.slots, self.rolling = slots, rolling
         self.pos = 0
-        self.fast = None  # numpy views for Transformer._decode_one, made on its first call
+
+    def fits(self, T: int) -> bool:
+        """Whether T more positions can be fed in one call."""
+        return self.pos + T <= self.slots or (self.rolling and T == 1)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this layer's new k, v (B, nh, T, hs); return all keys and values so far."""
+        """Store this layer's new k, v (B, nh, T, hs); return all keys and values kept. Once a rolling
+        cache is full they come in ring order, not time order: attention of one query sums over them."""
         end = self.pos + k.size(2)
+        if end > self.slots:  # rolling, one token
+            self.k[layer, :, :, self.pos % self.slots] = k[:, :, 0]
+            self.v[layer, :, :, self.pos % self.slots] = v[:, :, 0]
+            return self.k[layer], self.v[layer]
         self.k[layer, :, :, self.pos : end] = k
         self.v[layer, :, :, self.pos : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
@@ -48,6 +59,18 @@ def rope_tables(head_dim: int, max_len: int, base: float = 10000.0) -> tuple[tor
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
     return angles.cos(), angles.sin()
+
+
+def rope_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    # rope_tables' frequencies in float64: past the table (a rolling cache) positions grow without bound,
+    # and a float32 angle pos * freq would lose its fraction
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def rope_at(head_dim: int, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_tables' rows start .. start + T - 1 for positions past the table."""
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float64), rope_inv_freq(head_dim))
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -83,10 +106,9 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        past = 0
         if cache is not None:
-            past = cache.pos
             k, v = cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
+        past = k.size(2) - T  # keys before these queries
         if attn is None:
             y = self._sdpa(q, k, v, past)
         else:
@@ -125,7 +147,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        # ReLU²: cheap, and learns fast (Transformer._decode_one repeats this in numpy: change both)
+        # ReLU²: cheap, and learns fast (fast_decode.py repeats this in numpy: change both)
         return self.drop(self.proj(F.relu(self.fc(x)).square()))
 
 
@@ -144,7 +166,6 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     has_attention = True
-    fast_decode = True  # one-token cached steps run in numpy (_decode_one); False: always the torch path
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -173,29 +194,29 @@ class Transformer(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def new_cache(self, batch_size: int = 1, device=None, dtype=None) -> KVCache:
+    def new_cache(self, batch_size: int = 1, device=None, dtype=None, rolling: bool = False) -> KVCache:
         p = self.tok_emb.weight
         c = self.cfg
+        if rolling and c.positions != "rope":
+            raise ValueError(f"a rolling cache needs relative positions (rope), not {c.positions}")
         return KVCache(c.n_layers, batch_size, c.n_heads, c.d_model // c.n_heads, c.context,
-                       device or p.device, dtype or p.dtype)
+                       device or p.device, dtype or p.dtype, rolling)
 
     def forward(self, idx, targets=None, cache: KVCache | None = None, attn: list | None = None):
         B, T = idx.size()
         start = cache.pos if cache is not None else 0
-        if start + T > self.cfg.context:
+        if not (cache.fits(T) if cache is not None else T <= self.cfg.context):
             raise ValueError(f"{start + T} positions exceed the model's context of {self.cfg.context}")
-        if (T == 1 and B == 1 and cache is not None and self.fast_decode and targets is None and attn is None
-                and not self.training and not torch.is_grad_enabled() and idx.device.type == "cpu"
-                and self.tok_emb.weight.dtype == torch.float32):
-            return self._decode_one(idx.item(), cache), None
         x = self.tok_emb(idx)  # (B, T, C)
         rope = None
         if self.cfg.positions == "learned":
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         elif self.cfg.positions == "sinusoidal":
             x = x + self.pos_table[start : start + T]
-        else:
+        elif start + T <= self.cfg.context:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        else:  # a rolling cache, past the table
+            rope = tuple(t.to(x.device) for t in rope_at(self.cfg.d_model // self.cfg.n_heads, start, T))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, attn)
@@ -206,82 +227,3 @@ class Transformer(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
-
-    def _decode_one(self, token: int, cache: KVCache) -> torch.Tensor:
-        """forward() for one new token against the cache (batch 1, CPU, float32, no grad), in numpy.
-
-        Why: at chat sizes a token costs ~100 tiny ops, and torch spends 5-10 µs dispatching each one
-        against ~1 µs for numpy, so this step is ~3x faster (benchmarks/RESULTS.md). The arithmetic is
-        forward()'s (rope as one matrix, RMSNorm's scalar in Python floats); tests check the two agree at
-        every position. Weights are zero-copy views, never stale copies; keys and values go into the
-        same KVCache a torch prefill writes. Set fast_decode = False to use the torch path throughout.
-        """
-        if cache.fast is None:
-            cache.fast = _numpy_views(self, cache)
-        f, pos = cache.fast, cache.pos
-        nh, hs = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        x = f["tok_emb"][token]  # (C,)
-        if "pos" in f:  # learned or sinusoidal positions
-            x = x + f["pos"][pos]
-        rope = None
-        if "rope" in f:  # apply_rope at this position as one matrix (hs, hs): x @ rope
-            rope, rope_at, rope_values = f["rope"]
-            np.put(rope, rope_at, rope_values[pos])
-        for l, (n1, qkv, proj, n2, fc, fc_proj) in enumerate(f["layers"]):
-            qkv_x = np.dot(qkv, _rms_norm(x, *n1)).reshape(3, nh, hs)  # q, k, v: each (nh, hs)
-            q, k = qkv_x[:2] if rope is None else np.matmul(qkv_x[:2], rope)
-            v = qkv_x[2]
-            f["k"][l, :, pos], f["v"][l, :, pos] = k, v
-            keys, values = f["k"][l, :, : pos + 1], f["v"][l, :, : pos + 1]  # (nh, T, hs)
-            att = np.matmul(keys, q[:, :, None])[:, :, 0] * (1.0 / math.sqrt(hs))  # (nh, T)
-            att -= att.max(axis=-1, keepdims=True)  # softmax, in place
-            np.exp(att, out=att)
-            att /= att.sum(axis=-1, keepdims=True)
-            y = np.matmul(att[:, None, :], values).reshape(-1)  # (nh, 1, T) @ (nh, T, hs) -> (C,)
-            x = x + np.dot(proj, y)
-            h = np.dot(fc, _rms_norm(x, *n2))
-            np.maximum(h, 0.0, out=h)  # ReLU², as MLP.forward
-            x = x + np.dot(fc_proj, h * h)
-        cache.pos += 1
-        logits = np.dot(f["head"], _rms_norm(x, *f["norm"]))  # (vocab,)
-        return torch.from_numpy(logits).view(1, 1, -1)
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().numpy()  # shares memory with the tensor
-
-
-def _norm_args(norm: nn.RMSNorm) -> tuple[np.ndarray, float]:
-    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps  # nn.RMSNorm's default
-    return _np(norm.weight), float(eps)
-
-
-def _numpy_views(model: "Transformer", cache: KVCache) -> dict:
-    f = {"tok_emb": _np(model.tok_emb.weight), "head": _np(model.head.weight), "norm": _norm_args(model.norm),
-         "k": _np(cache.k)[:, 0], "v": _np(cache.v)[:, 0],  # (L, nh, max_len, hs): batch row 0
-         "layers": [(_norm_args(b.norm1), _np(b.attn.qkv.weight), _np(b.attn.proj.weight), _norm_args(b.norm2),
-                     _np(b.mlp.fc.weight), _np(b.mlp.proj.weight)) for b in model.blocks]}
-    if model.cfg.positions == "learned":
-        f["pos"] = _np(model.pos_emb.weight)
-    elif model.cfg.positions == "sinusoidal":
-        f["pos"] = _np(model.pos_table)
-    else:
-        f["rope"] = _rope_matrix(_np(model.rope_cos), _np(model.rope_sin))
-    return f
-
-
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # nn.RMSNorm on one vector; the scalar part in Python floats, which cost far less than numpy scalars
-    return x * (weight * (1.0 / math.sqrt(float(np.dot(x, x)) / x.shape[0] + eps)))
-
-
-def _rope_matrix(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """apply_rope as a matrix R (hs, hs), x @ R: one op per layer instead of nine. With h = hs / 2,
-    output i < h is x_i cos_i - x_(h+i) sin_i, output h + i is x_i sin_i + x_(h+i) cos_i. Returns R,
-    the flat indices of its non-zero entries and their values at every position (context, 2 hs):
-    np.put(R, where, values[pos]) sets R for position pos."""
-    h = cos.shape[1]
-    i = np.arange(h)
-    where = np.concatenate([i * 2 * h + i, (h + i) * 2 * h + h + i, (h + i) * 2 * h + i, i * 2 * h + h + i])
-    values = np.concatenate([cos, cos, -sin, sin], axis=1).astype(np.float32)
-    return np.zeros((2 * h, 2 * h), dtype=np.float32), where, values

@@ -1,0 +1,152 @@
+"""FastDecoder, the numpy one-token step, against the torch Transformer block by block: the residual
+stream after each block's attention and after its MLP, and the logits, at every position. A failure
+names the first block (and half of it) where the two part."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from charlm.config import ModelConfig
+from charlm.models import FastDecoder, build_model
+
+VOCAB = 40
+
+
+def model_of(positions="rope", layers=3, context=24, seed=0):
+    """Random weights large enough that logits are O(1..10), so a 1e-4 agreement means something."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(kind="transformer", vocab_size=VOCAB, n_layers=layers, d_model=32, n_heads=4, context=context,
+                      positions=positions)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+def torch_stages(model, ids: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """The torch model's residual stream at the last position of ids, after each block's attention and
+    after its MLP (captured with forward hooks on model.blocks and their attention), then the logits."""
+    seen = {}
+
+    def block_hook(i):
+        def hook(block, inputs, output):
+            seen[i, "MLP"] = output[0, -1]
+            seen[i, "attention"] = inputs[0][0, -1] + seen.pop((i, "attn out"))  # the residual after attention
+        return hook
+
+    def attn_hook(i):
+        def hook(attn, inputs, output):
+            seen[i, "attn out"] = output[0, -1]
+        return hook
+
+    handles = [h for i, b in enumerate(model.blocks)
+               for h in (b.register_forward_hook(block_hook(i)), b.attn.register_forward_hook(attn_hook(i)))]
+    try:
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    return [(f"block {i} ({part})", seen[i, part]) for i in range(len(model.blocks)) for part in ("attention", "MLP")] \
+        + [("logits", logits[0, -1])]
+
+
+def first_mismatch(model, ids: list[int], decoder: FastDecoder, tol: float = 1e-4) -> str | None:
+    """Feed ids[-1] to the decoder (which holds ids[:-1]); name the first stage that departs from torch."""
+    trace = []
+    with torch.no_grad():
+        logits = decoder.step(ids[-1], trace)
+    fast = [torch.from_numpy(x) for x in trace] + [logits]
+    reference = torch_stages(model, ids)
+    assert len(fast) == len(reference)
+    for (name, want), got in zip(reference, fast):
+        err = (got - want).abs().max().item()
+        if err > tol:
+            return f"first mismatch in {name} at position {len(ids) - 1}: max |fast - torch| = {err:.2e}"
+    return None
+
+
+def decode_all(model, ids: list[int], prefill: int) -> str | None:
+    """Prefill with torch, then every further token through the decoder, checked at each position."""
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.tensor([ids[:prefill]]), cache=cache)
+    decoder = FastDecoder(model, cache)
+    for t in range(prefill, len(ids)):
+        problem = first_mismatch(model, ids[: t + 1], decoder)
+        if problem:
+            return problem
+    assert cache.pos == len(ids)
+    return None
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+@pytest.mark.parametrize("prefill", [1, 7])
+def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill):
+    model = model_of(positions)
+    ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    problem = decode_all(model, ids, prefill)
+    assert problem is None, problem
+
+
+def test_a_fault_is_named_by_its_block_and_half():
+    """The diagnosis itself: spoil block 1's MLP in the decoder's copy of the weights only, and the
+    failure names block 1 (MLP), not block 0, nor the logits."""
+    model = model_of()
+    ids = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(2)).tolist()
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.tensor([ids[:-1]]), cache=cache)
+    decoder = FastDecoder(model, cache)
+    n1, qkv, proj, n2, fc, fc_proj = decoder.layers[1]
+    decoder.layers[1] = (n1, qkv, proj, n2, fc * 1.01, fc_proj)
+    assert first_mismatch(model, ids, decoder).startswith("first mismatch in block 1 (MLP) at position 9")
+    cache.pos -= 1  # the same step again, now with block 0's attention spoilt
+    decoder.layers[1] = (n1, qkv, proj, n2, fc, fc_proj)
+    n1, qkv, proj, n2, fc, fc_proj = decoder.layers[0]
+    decoder.layers[0] = (n1, qkv, proj * 1.01, n2, fc, fc_proj)
+    assert first_mismatch(model, ids, decoder).startswith("first mismatch in block 0 (attention) at position 9")
+
+
+def test_supports_only_what_it_computes_exactly():
+    model = model_of()
+    with torch.no_grad():
+        assert FastDecoder.supports(model)
+        model.train()  # dropout: forward() would differ
+        assert not FastDecoder.supports(model)
+        model.eval()
+        assert not FastDecoder.supports(model.to(torch.bfloat16))
+    assert not FastDecoder.supports(model_of())  # grad enabled: forward() builds a graph
+    lstm = build_model(ModelConfig(kind="lstm", vocab_size=VOCAB, d_model=16)).eval()
+    with torch.no_grad():
+        assert not FastDecoder.supports(lstm)
+
+
+def test_refuses_to_run_past_the_context():
+    model = model_of(context=8)
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="9 positions exceed the model's context of 8"):
+            FastDecoder(model, cache).step(0)
+
+
+def test_rolling_cache_fast_equals_torch_far_past_the_context():
+    """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
+    contents (ring order included) as torch's one-token steps, at every position."""
+    model = model_of(context=8)
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
+    decoder = FastDecoder(model, fast_cache)
+    with torch.no_grad():
+        for cache in (fast_cache, torch_cache):
+            model(torch.tensor([ids[:5]]), cache=cache)
+        for t in range(5, 40):
+            want = model(torch.tensor([[ids[t]]]), cache=torch_cache)[0][0, -1]
+            got = decoder.step(ids[t])
+            assert (got - want).abs().max().item() <= 1e-4, f"position {t}"
+    assert fast_cache.pos == torch_cache.pos == 40
+    torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
