@@ -500,3 +500,11 @@ def test_top_k_of_the_whole_vocabulary_stays_on_the_fast_path(monkeypatch):
     for k in (30, 200):
         assert [sample_next_token(x, SampleConfig(temperature=0.8, top_k=k), torch.Generator().manual_seed(i))
                 for i, x in enumerate(logits)] == everything
+
+
+def test_a_bfloat16_model_rolls_on_the_torch_path():
+    """The numpy step is float32 only; the torch step must roll too, its rope past the table in the model's dtype."""
+    model = model_of(context=8).to(torch.bfloat16)
+    gen = Generator(model, CHARS)
+    text = gen.complete(CHARS.encode("abc"), SampleConfig(temperature=1.0, max_tokens=30, seed=0))
+    assert len(text) == 30 and gen.fast is None and gen.cache.pos == 32 and gen.cache.k.dtype == torch.bfloat16

@@ -216,7 +216,7 @@ class Transformer(nn.Module):
         elif start + T <= self.cfg.context:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
         else:  # a rolling cache, past the table
-            rope = tuple(t.to(x.device) for t in rope_at(self.cfg.d_model // self.cfg.n_heads, start, T))
+            rope = tuple(t.to(self.rope_cos) for t in rope_at(self.cfg.d_model // self.cfg.n_heads, start, T))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, attn)
