@@ -637,3 +637,48 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
         repl(comparison)
     else:
         comparison.show(prompt)
+
+
+# ---- lab ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.argument("ckpt", required=False, type=click.Path(path_type=str))
+@click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: experiment, settings, results, reading.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("checkpoints/lab"), show_default=True,
+              help="Where the lab's models are saved (as normal runs).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the lab trains.")
+@click.option("--text", "text_file", type=click.Path(path_type=str),
+              help="ablate: the text scored [default: the run's corpus.txt].")
+@click.option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
+def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
+    """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
+
+    \b
+    Measured on a 2-core CPU shared with other jobs (load ~7), default sizes:
+      copy ~150 s · recall ~150 s · cost ~60 s · positions ~100 s · heads, ablate: seconds
+    """
+    from charlm.lab import EXPERIMENTS, run_experiment
+    from charlm.views.lab import render_lab, render_list
+
+    console = Console(highlight=False)
+    if name is None:
+        render_list(console, EXPERIMENTS)
+        return
+    status = err_console().status("") if not as_json else None
+    try:
+        if status:
+            status.start()
+        result = run_experiment(name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out, text=text_file,
+                                progress=(lambda m: status.update(m)) if status else (lambda m: None))
+    finally:
+        if status:
+            status.stop()
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        render_lab(console, result, color=not plain)

@@ -1,0 +1,127 @@
+"""copy: delayed copy. N random symbols, a separator, the same N symbols again. A Transformer and an
+LSTM of about the same size get the same training budget at each N; the score is the share of the
+copied half they predict exactly.
+
+The Transformer can solve every N within its context with one head that looks N tokens back; the
+LSTM has to carry N symbols through its fixed state. After the sweep, the Transformer's copy head (the
+head that puts most weight on that offset) is found on one example, for the viewers to draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from charlm.config import ModelConfig
+from charlm.lab import tasks
+from charlm.lab.common import (Chart, Clock, LabResult, accuracy, capture_attention, lab_train_config, load_run,
+                               matched_rnn, params_of, record, train_model)
+
+SUMMARY = "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not"
+DEFAULTS = dict(lengths=(5, 10, 20, 40), steps=500, d_model=32, layers=1, heads=2, batch_size=16, lr=1e-2,
+                train_chars=100_000, eval_examples=200)
+QUICK = dict(lengths=(16,), steps=250, eval_examples=100)
+CHANCE = 1 / len(tasks.SYMBOLS)
+
+
+def context_for(n: int) -> int:
+    return 2 * n + 18  # a whole example (2N + 1 characters and a newline) and a little of the next
+
+
+def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **settings) -> LabResult:
+    s = {**DEFAULTS, **settings}
+    clock = Clock()
+    records, runs = [], {}
+    jobs = [(n, kind) for n in s["lengths"] for kind in ("transformer", "lstm")]
+    for k, (n, kind) in enumerate(jobs, 1):
+        tf = ModelConfig(kind="transformer", vocab_size=len(tasks.SYMBOLS) + 2, n_layers=s["layers"],
+                         d_model=s["d_model"], n_heads=s["heads"], context=context_for(n))
+        cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
+        name = f"copy-{kind}-n{n}"
+        progress(f"training {name} ({k}/{len(jobs)}, {params_of(cfg):,} parameters, {s['steps']} steps)")
+        t0 = clock()
+        run_dir = train_model(tasks.corpus("copy", n, s["train_chars"], seed + n), out / name, cfg,
+                              lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]))
+        seconds = clock() - t0
+        ck = load_run(run_dir)
+        acc = accuracy(ck.model, ck.tokenizer, tasks.examples("copy", n, s["eval_examples"], seed + 10_000 + n))
+        records.append(record(model=kind, length=n, accuracy=acc, params=params_of(cfg), train_seconds=seconds))
+        runs[(kind, n)] = str(run_dir)
+    shown = _example_to_show(records)
+    example = tasks.examples("copy", shown, 1, seed + 20_000)[0].text
+    ck = load_run(Path(runs[("transformer", shown)]))
+    layer, head, weight = copy_head(ck.model, ck.tokenizer, example, shown)
+    details = {"example": example, "length": shown, "transformer_run": runs[("transformer", shown)],
+               "lstm_run": runs[("lstm", shown)], "copy_head": {"layer": layer, "head": head, "weight": round(weight, 3)}}
+    return LabResult("copy", {**s, "lengths": list(s["lengths"]), "seed": seed, "device": device}, records,
+                     reading(records, details), Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy"),
+                     runs=list(runs.values()), seconds=clock(), details=details)
+
+
+def _example_to_show(records: list[dict]) -> int:
+    """The longest N the Transformer copies well (else the shortest): its map shows the mechanism."""
+    good = [r["length"] for r in records if r["model"] == "transformer" and r["accuracy"] >= 0.9]
+    return max(good) if good else min(r["length"] for r in records)
+
+
+def copy_head(model, tokenizer, text: str, n: int) -> tuple[int, int, float]:
+    """(layer, head, weight): the head that puts the most attention, averaged over the copied half, where
+    copying needs it. With a newline first, position q = N + 1 + j (the separator, then the copied symbols)
+    predicts symbol j, which stands at position 1 + j: N tokens back."""
+    _, w = capture_attention(model, tokenizer.encode("\n" + text))  # (L, nh, T, T)
+    rows = np.arange(n + 1, 2 * n + 1)
+    at_offset = w[:, :, rows, rows - n].mean(axis=-1)  # (L, nh)
+    layer, head = np.unravel_index(int(at_offset.argmax()), at_offset.shape)
+    return int(layer), int(head), float(at_offset[layer, head])
+
+
+def _holds(records: list[dict], kind: str) -> tuple[int | None, int | None]:
+    """(longest N at >= 90% with every shorter N also there, first N below 50%) for one family."""
+    rows = sorted((r for r in records if r["model"] == kind), key=lambda r: r["length"])
+    held = None
+    for r in rows:
+        if r["accuracy"] < 0.9:
+            break
+        held = r["length"]
+    fails = [r["length"] for r in rows if r["accuracy"] < 0.5]
+    return held, (fails[0] if fails else None)
+
+
+def reading(records: list[dict], details: dict) -> str:
+    acc = {(r["model"], r["length"]): r["accuracy"] for r in records}
+    lengths = sorted({r["length"] for r in records})
+    parts = []
+    for kind, label in (("lstm", "The LSTM"), ("transformer", "The Transformer")):
+        held, fail = _holds(records, kind)
+        first = acc[(kind, lengths[0])]
+        if held is None:
+            s = f"{label} copies no length reliably (at N={lengths[0]}: {first:.0%})"
+        elif held == lengths[-1]:
+            s = f"{label} copies every length tried, up to N={held} ({acc[(kind, held)]:.0%})"
+        else:
+            s = f"{label} copies up to N={held} ({acc[(kind, held)]:.0%})"
+        if fail is not None and not (held is None and fail == lengths[0]):
+            s += f" and is down to {acc[(kind, fail)]:.0%} at N={fail} (chance is {CHANCE:.0%})"
+        parts.append(s + ".")
+    lstm_better = [n for n in lengths if acc[("lstm", n)] > acc[("transformer", n)] + 0.05]
+    tf_better = [n for n in lengths if acc[("transformer", n)] > acc[("lstm", n)] + 0.05]
+    if tf_better and not lstm_better:
+        parts.append(f"Direct access wins wherever the two differ (N={', '.join(map(str, tf_better))}), as expected: "
+                     "the LSTM must squeeze N symbols through a fixed state, attention just looks back.")
+    elif lstm_better:
+        parts.append(f"Contrary to the textbook expectation, the LSTM beats the Transformer at "
+                     f"N={', '.join(map(str, lstm_better))} with this budget: the Transformer has not found its copy "
+                     "head there yet (more steps usually fix that; the LSTM's limit is its state).")
+    else:
+        parts.append("The two families score the same within 5 points at every N tried.")
+    head = details["copy_head"]
+    n = details["length"]
+    where = f"layer {head['layer']} head {head['head']}"
+    if head["weight"] >= 0.5:
+        parts.append(f"At N={n}, the Transformer's {where} puts {head['weight']:.0%} of its attention on the symbol "
+                     "N tokens back, the one to copy: the offset diagonal in its map.")
+    else:
+        parts.append(f"At N={n} no head has found the offset yet: the closest, {where}, puts only "
+                     f"{head['weight']:.0%} of its attention on the symbol N tokens back.")
+    return " ".join(parts)
