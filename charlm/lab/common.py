@@ -18,6 +18,7 @@ from charlm import checkpoint
 from charlm.config import ModelConfig, TrainConfig
 from charlm.lab.tasks import Example
 from charlm.models import build_model, count_params
+from charlm.models.gates import trace_model  # noqa: F401 (the lab's one door to the gate traces)
 from charlm.train import Trainer
 from charlm.views.attention import capture as capture_attention  # noqa: F401 (the lab's one door to it)
 
@@ -27,11 +28,11 @@ RUN_FILES = ("corpus.txt", "last.pt", "best.pt", "metrics.jsonl")
 
 @dataclass
 class Chart:
-    """How to draw a result's records: y against x, one line per value of `series`."""
+    """How to draw a result's records: y against x, one line per value of `series` (None: one per y key)."""
 
     x: str
-    y: str
-    series: str
+    y: str | tuple[str, ...]
+    series: str | None
     xlabel: str
     ylabel: str
     xlog: bool = False

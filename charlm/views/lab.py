@@ -9,7 +9,7 @@ from rich.text import Text
 
 from charlm.views.plot import line_chart
 
-HIDDEN = ("run",)  # record keys the table leaves to --json
+HIDDEN = ("run", "head_id")  # record keys the table leaves to --json (and the chart)
 
 
 def _cell(v) -> str:
@@ -35,12 +35,13 @@ def chart_text(result, width: int, color: bool) -> str | None:
     if c is None:
         return None
     series: dict[str, tuple[list, list]] = {}
-    for r in result.results:
-        if r.get(c.y) is None or r.get(c.x) is None:
-            continue
-        xs, ys = series.setdefault(str(r[c.series]), ([], []))
-        xs.append(r[c.x])
-        ys.append(r[c.y])
+    for r in result.results:  # one line per value of c.series, or one per y key when c.series is None
+        for y in (c.y if isinstance(c.y, tuple) else (c.y,)):
+            if r.get(y) is None or r.get(c.x) is None:
+                continue
+            xs, ys = series.setdefault(str(r[c.series]) if c.series else y.replace("_", " "), ([], []))
+            xs.append(r[c.x])
+            ys.append(r[y])
     if not series:
         return None
     return line_chart(series, width=min(width, 90), height=16, xlabel=c.xlabel, ylabel=c.ylabel,
