@@ -121,6 +121,32 @@ def accuracy(model, tokenizer, examples: list[Example]) -> float:
     return right / total
 
 
+def sweep(task: str, sizes, s: dict, context_for, out: Path, seed: int, device: str, progress) -> tuple[list[dict], dict]:
+    """Train a Transformer (settings s) and a same-size LSTM at each task size, with the same budget, and
+    score each on fresh examples. Returns (records, run directory by (model, size))."""
+    from charlm.lab import tasks
+
+    key = {"copy": "length", "recall": "pairs"}[task]
+    records, runs = [], {}
+    jobs = [(n, kind) for n in sizes for kind in ("transformer", "lstm")]
+    clock = Clock()
+    for k, (n, kind) in enumerate(jobs, 1):
+        tf = ModelConfig(kind="transformer", vocab_size=tasks.vocab_size(task), n_layers=s["layers"],
+                         d_model=s["d_model"], n_heads=s["heads"], context=context_for(n))
+        cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
+        name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}"
+        progress(f"training {name} ({k}/{len(jobs)}, {params_of(cfg):,} parameters, {s['steps']} steps)")
+        t0 = clock()
+        run_dir = train_model(tasks.corpus(task, n, s["train_chars"], seed + n), out / name, cfg,
+                              lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]))
+        seconds = clock() - t0
+        ck = load_run(run_dir)
+        acc = accuracy(ck.model, ck.tokenizer, tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n))
+        records.append(record(model=kind, **{key: n}, accuracy=acc, params=params_of(cfg), train_seconds=seconds))
+        runs[(kind, n)] = str(run_dir)
+    return records, runs
+
+
 def fit_exponent(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x: y ~ x^slope."""
     lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from charlm.config import ModelConfig
 from charlm.lab import tasks
-from charlm.lab.common import (Chart, Clock, LabResult, accuracy, capture_attention, lab_train_config, load_run,
-                               matched_rnn, params_of, record, train_model)
+from charlm.lab.common import Chart, Clock, LabResult, capture_attention, load_run, sweep
 
-SUMMARY = "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not"
 DEFAULTS = dict(lengths=(5, 10, 20, 40), steps=500, d_model=32, layers=1, heads=2, batch_size=16, lr=1e-2,
                 train_chars=100_000, eval_examples=200)
 QUICK = dict(lengths=(16,), steps=250, eval_examples=100)
@@ -32,22 +29,7 @@ def context_for(n: int) -> int:
 def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **settings) -> LabResult:
     s = {**DEFAULTS, **settings}
     clock = Clock()
-    records, runs = [], {}
-    jobs = [(n, kind) for n in s["lengths"] for kind in ("transformer", "lstm")]
-    for k, (n, kind) in enumerate(jobs, 1):
-        tf = ModelConfig(kind="transformer", vocab_size=len(tasks.SYMBOLS) + 2, n_layers=s["layers"],
-                         d_model=s["d_model"], n_heads=s["heads"], context=context_for(n))
-        cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
-        name = f"copy-{kind}-n{n}"
-        progress(f"training {name} ({k}/{len(jobs)}, {params_of(cfg):,} parameters, {s['steps']} steps)")
-        t0 = clock()
-        run_dir = train_model(tasks.corpus("copy", n, s["train_chars"], seed + n), out / name, cfg,
-                              lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]))
-        seconds = clock() - t0
-        ck = load_run(run_dir)
-        acc = accuracy(ck.model, ck.tokenizer, tasks.examples("copy", n, s["eval_examples"], seed + 10_000 + n))
-        records.append(record(model=kind, length=n, accuracy=acc, params=params_of(cfg), train_seconds=seconds))
-        runs[(kind, n)] = str(run_dir)
+    records, runs = sweep("copy", s["lengths"], s, context_for, out, seed, device, progress)
     shown = _example_to_show(records)
     example = tasks.examples("copy", shown, 1, seed + 20_000)[0].text
     ck = load_run(Path(runs[("transformer", shown)]))

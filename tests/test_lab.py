@@ -1,0 +1,143 @@
+"""charlm lab: each experiment at --quick size through the CLI, checked against what is known to be true at
+that size (not merely that it ran). The copy run's models are shared: heads and ablate read them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from charlm.cli import main
+from charlm.lab import EXPERIMENTS
+from charlm.lab.heads import score_heads
+
+
+def lab(*args: str, out=None) -> dict:
+    extra = ["--out", str(out)] if out is not None else []
+    result = CliRunner().invoke(main, ["lab", *args, "--quick", "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.fixture(scope="module")
+def copy_result(tmp_path_factory):
+    """charlm lab copy --quick: a 1-layer Transformer and a same-size LSTM trained on copying 16 symbols."""
+    root = tmp_path_factory.mktemp("lab")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHARLM_CACHE", str(root / "cache"))
+        return lab("copy", out=root / "runs")
+
+
+def test_lab_alone_lists_every_experiment():
+    result = CliRunner().invoke(main, ["lab"])
+    assert result.exit_code == 0
+    for name, summary in EXPERIMENTS.items():
+        assert name in result.output and summary[:30] in result.output
+    assert set(EXPERIMENTS) == {"copy", "recall", "cost", "heads", "ablate", "positions"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], "unknown experiment 'nope'"),
+    (["heads"], "takes a checkpoint"),
+    (["copy", "some/run"], "takes no checkpoint"),
+])
+def test_wrong_use_is_one_line(args, message):
+    result = CliRunner().invoke(main, ["lab", *args])
+    assert result.exit_code != 0
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_copy_attention_copies_where_the_same_size_lstm_cannot(copy_result):
+    acc = {r["model"]: r["accuracy"] for r in copy_result["results"]}
+    assert acc["transformer"] >= 0.95 and acc["lstm"] <= 0.5
+    params = {r["model"]: r["params"] for r in copy_result["results"]}
+    assert abs(params["lstm"] - params["transformer"]) / params["transformer"] < 0.15  # about the same size
+    head = copy_result["details"]["copy_head"]
+    assert head["weight"] >= 0.5  # one head looks N tokens back: the offset diagonal
+    reading = copy_result["reading"]
+    assert f"{acc['transformer']:.0%}" in reading and "N=16" in reading
+
+
+def test_lab_models_are_normal_runs(copy_result):
+    d = copy_result["details"]
+    example, head = d["example"], d["copy_head"]
+    result = CliRunner().invoke(main, ["attn", d["transformer_run"], "--prompt", example, "--layer", str(head["layer"]),
+                                       "--head", str(head["head"]), "--ascii", "--width", "100"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["gates", d["lstm_run"], "--prompt", example, "--ascii", "--width", "100"])
+    assert result.exit_code == 0 and "forget" in result.output.lower()
+
+
+def test_heads_scores_a_planted_pattern():
+    T, P = 16, 8
+    w = np.zeros((1, 3, T, T))
+    w[0, 0, 0, 0] = w[0, 1, 0, 0] = 1
+    for i in range(1, T):
+        w[0, 0, i, i - 1] = 1  # previous-token head
+        w[0, 1, i, i - P + 1 if i >= P else i - 1] = 1  # induction head (previous-token before the repeat)
+        w[0, 2, i, : i + 1] = 1 / (i + 1)  # uniform
+    w[0, 2, 0, 0] = 1
+    scores = {r["head"]: r for r in score_heads(w, P)}
+    assert scores[0]["previous"] == pytest.approx(1.0) and scores[0]["role"] == "previous-token"
+    assert scores[1]["induction"] == pytest.approx(1.0) and scores[1]["role"] == "induction"
+    assert scores[2]["role"] == "global" and scores[2]["distance"] > 3
+    assert scores[0]["nearest"] == "L0H1"  # the two sharp heads overlap before the repeat
+
+
+def test_heads_on_the_copy_model_finds_the_copy_head(copy_result):
+    run = copy_result["details"]["transformer_run"]
+    out = lab("heads", run)
+    head = copy_result["details"]["copy_head"]
+    far = max(out["results"], key=lambda r: r["distance"])
+    assert (far["layer"], far["head"]) == (head["layer"], head["head"])
+    assert far["distance"] > 8  # it looks about 16 tokens back, on any sequence
+    text = CliRunner().invoke(main, ["lab", "heads", run, "--plain"]).output
+    assert "\x1b" not in text and "induction" in text and "previous" in text and "┤" in text
+    result = CliRunner().invoke(main, ["lab", "heads", copy_result["details"]["lstm_run"]])
+    assert result.exit_code == 1 and "no attention heads" in result.output
+
+
+def test_ablate_knocking_out_the_copy_head_hurts_most(copy_result):
+    out = lab("ablate", copy_result["details"]["transformer_run"])
+    head = copy_result["details"]["copy_head"]
+    assert all(abs(r["damage"]) > 0.01 for r in out["results"])  # every head changes bits/char
+    top = out["results"][0]
+    assert (top["layer"], top["part"]) == (head["layer"], f"head {head['head']}") and top["rank"] == 1
+    assert out["settings"]["baseline_bits_per_char"] < math.log2(12)
+
+
+def test_ablate_clamps_every_gate_of_the_lstm(copy_result):
+    out = lab("ablate", copy_result["details"]["lstm_run"])
+    parts = {(r["part"], r["value"]): r["damage"] for r in out["results"]}
+    for gate in ("input", "forget", "cell", "output"):
+        assert (gate, 0.0) in parts and (gate, 1.0) in parts
+    assert parts[("forget", 0.0)] > 0.01  # forgetting at every step loses what it read
+    assert all(abs(d) > 1e-3 for d in parts.values())
+
+
+def test_cost_recomputation_grows_faster_than_the_cache(tmp_path):
+    out = lab("cost")
+    exps = out["details"]["exponents"]
+    assert exps["transformer recompute"] > exps["transformer cache"] + 0.3
+    assert exps["transformer recompute"] > exps["lstm state"] + 0.3
+    mem = {(r["mode"], r["context"]): r["memory_kib"] for r in out["results"] if "memory_kib" in r}
+    assert mem[("cache", 256)] == pytest.approx(8 * mem[("cache", 32)])  # the KV cache is linear in T
+    assert mem[("state", 256)] == mem[("state", 32)]  # the LSTM's state is not
+    assert {r["mode"] for r in out["results"]} == {"state", "cache", "recompute", "train step"}
+
+
+def test_positions_learned_tables_cannot_stretch(tmp_path):
+    out = lab("positions", out=tmp_path / "runs")
+    at = {(r["positions"], r["window"]): r["bits_per_char"] for r in out["results"]}
+    C = out["settings"]["context"]
+    assert at[("learned", 2 * C)] is None and "learned positions cannot be evaluated" in out["reading"].lower()
+    for pos in ("rope", "sinusoidal"):
+        assert at[(pos, 2 * C)] is not None and math.isfinite(at[(pos, 2 * C)])
+    for pos in ("rope", "learned", "sinusoidal"):
+        # inside the context the lab's own scoring agrees with the trainer's validation (same text, same model)
+        val = next(r["val_bits_per_char"] for r in out["results"] if r["positions"] == pos)
+        assert at[(pos, C)] == pytest.approx(val, abs=0.15)
+        assert at[(pos, C)] < math.log2(12)  # better than guessing among the 12 characters
