@@ -13,7 +13,7 @@ from charlm.config import ConfigError
 from charlm.generate import one_thread
 from charlm.lab.common import LAB_DIR, LabResult
 
-__all__ = ["EXPERIMENTS", "NEEDS_CKPT", "LAB_DIR", "LabResult", "run_experiment"]
+__all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
 
 EXPERIMENTS = {
     "copy": "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not",

@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, capture_attention, load_run, sweep
+from charlm.lab.common import (
+    Chart,
+    Clock,
+    LabResult,
+    capture_attention,
+    load_run,
+    sweep,
+)
 
 DEFAULTS = dict(lengths=(5, 10, 20, 40), steps=500, d_model=32, layers=1, heads=2, batch_size=16, lr=1e-2,
                 train_chars=100_000, eval_examples=200)

@@ -126,11 +126,11 @@ def reading(records: list[dict], exps: dict[str, float], params: dict[str, int])
         return next(r[key] for r in records if r["model"] == kind and r["mode"] == mode and r["context"] == T)
 
     k_state, k_cache, k_re = exps["lstm state"], exps["transformer cache"], exps["transformer recompute"]
-    parts = [f"Per generated token, from T={lo} to T={hi}: the LSTM ({params['lstm']:,} parameters) grows as T^{k_state:.2f} "
+    parts = [(f"Per generated token, from T={lo} to T={hi}: the LSTM ({params['lstm']:,} parameters) grows as T^{k_state:.2f} "
              f"({at('lstm', 'state', lo):.2f} → {at('lstm', 'state', hi):.2f} ms), the Transformer "
              f"({params['transformer']:,}) with its KV cache as T^{k_cache:.2f} ({at('transformer', 'cache', lo):.2f} → "
              f"{at('transformer', 'cache', hi):.2f} ms) and recomputing its window as T^{k_re:.2f} "
-             f"({at('transformer', 'recompute', lo):.1f} → {at('transformer', 'recompute', hi):.1f} ms)."]
+             f"({at('transformer', 'recompute', lo):.1f} → {at('transformer', 'recompute', hi):.1f} ms).")]
     if k_re > k_cache + 0.3 and abs(k_state) < 0.3:
         parts.append("That is the expected order: a fixed state costs the same at any length, the cache pays for "
                      "reading its keys, recomputation pays for the whole window every time.")

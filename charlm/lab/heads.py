@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from charlm.config import ConfigError
-from charlm.lab.common import Chart, Clock, LabResult, capture_attention, load_run, record
+from charlm.lab.common import (
+    Chart,
+    Clock,
+    LabResult,
+    capture_attention,
+    load_run,
+    record,
+)
 
 QUICK: dict = {}
 PREVIOUS, INDUCTION = 0.4, 0.3  # scores from which a head is named for that pattern

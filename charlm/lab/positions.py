@@ -18,7 +18,15 @@ import torch.nn.functional as F
 
 from charlm.config import POSITIONS, ModelConfig
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, lab_train_config, load_run, record, train_model
+from charlm.lab.common import (
+    Chart,
+    Clock,
+    LabResult,
+    lab_train_config,
+    load_run,
+    record,
+    train_model,
+)
 from charlm.models import build_model
 
 DEFAULTS = dict(length=10, context=32, windows=(1, 2, 4), steps=500, d_model=32, layers=1, heads=2, batch_size=16,
