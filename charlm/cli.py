@@ -663,7 +663,7 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
       copy ~150 s · recall ~150 s · cost ~60 s · positions ~100 s · heads, ablate: seconds
     """
     from charlm.lab import EXPERIMENTS, run_experiment
-    from charlm.views.lab import render_lab, render_list
+    from charlm.views.lab import render_copy_views, render_lab, render_list
 
     console = Console(highlight=False)
     if name is None:
@@ -682,3 +682,6 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
         click.echo(json.dumps(result.to_dict()))
     else:
         render_lab(console, result, color=not plain)
+        if result.experiment == "copy":  # show why, with the viewers
+            d = result.details
+            render_copy_views(console, d, checkpoint.load(d["transformer_run"]), checkpoint.load(d["lstm_run"]), ascii=plain)

@@ -67,3 +67,24 @@ def render_list(console: Console, experiments: dict[str, str]) -> None:
         table.add_row(Text(name, style="bold"), summary)
     console.print(Text("charlm lab NAME: small controlled experiments on the two kinds of memory", style="bold"))
     console.print(table)
+
+
+def render_copy_views(console: Console, details: dict, transformer, lstm, ascii: bool = False) -> None:
+    """Why copy comes out as it does: the Transformer's copy head on one example (the offset diagonal), then
+    the LSTM's gates on the same example, drawn by the attention and gate viewers. transformer, lstm: loaded
+    checkpoints of the runs named in details."""
+    from charlm.views.attention import AttnOptions, render_attention
+    from charlm.views.gates import GateOptions, render_gates
+
+    text, head = "\n" + details["example"], details["copy_head"]
+    console.print()
+    console.print(Text(f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
+                       f"(N={details['length']}): the copied half looks back N tokens", style="bold"))
+    render_attention(console, transformer.model, transformer.tokenizer, transformer.tokenizer.encode(text),
+                     AttnOptions(layer=head["layer"], head=head["head"], ascii=ascii))
+    console.print()
+    console.print(Text("… and the LSTM's gates on the same example: everything to copy must pass through its cell state",
+                       style="bold"))
+    render_gates(console, lstm.model, lstm.tokenizer, lstm.tokenizer.encode(text), GateOptions(ascii=ascii))
+    console.print(Text(f"(again: charlm attn {details['transformer_run']} --layer {head['layer']} --head {head['head']} "
+                       f"--prompt TEXT · charlm gates {details['lstm_run']} --prompt TEXT)", style="dim"))
