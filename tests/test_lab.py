@@ -151,3 +151,25 @@ def test_recall_scores_fresh_questions(tmp_path):
     assert set(acc) == {"transformer", "lstm"} and out["settings"]["pairs"] == [2]
     assert acc["lstm"] >= 0.4  # two pairs fit in a small LSTM's state: well above guessing (10%)
     assert f"{acc['lstm']:.0%} at P=2" in out["reading"] and "Guessing gives 10%" in out["reading"]
+
+
+def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
+    import torch
+
+    from charlm.lab.ablate import clamp, zero_units
+    from charlm.models.gates import trace_rnn
+
+    torch.manual_seed(0)
+    rnn = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        plain = trace_rnn(rnn, x)
+        same = trace_rnn(rnn, x, intervene=lambda layer, name, v: v)
+        assert torch.equal(plain[1].h, same[1].h)
+        assert torch.allclose(plain[1].h, rnn(x)[0], atol=1e-6)  # the recomputation is the layer's own
+        frozen = trace_rnn(rnn, x, intervene=lambda layer, name, v: clamp(0, "input", 0.0)(layer, name, v)
+                           if name == "input" else clamp(0, "forget", 1.0)(layer, name, v))
+        assert torch.all(frozen[0].c == 0)  # nothing written, nothing forgotten: the cell stays at its zero start
+        assert torch.all(frozen[0].gates["forget"] == 1) and not torch.all(frozen[1].gates["forget"] == 1)
+        dead = trace_rnn(rnn, x, intervene=zero_units(1, [0, 3]))
+        assert torch.all(dead[1].h[..., [0, 3]] == 0) and torch.equal(dead[0].h, plain[0].h)

@@ -12,7 +12,7 @@ from pathlib import Path
 from charlm.lab import tasks
 from charlm.lab.common import Chart, Clock, LabResult, sweep
 
-DEFAULTS = dict(pairs=(2, 4, 8, 16), steps=600, d_model=32, layers=2, heads=2, batch_size=16, lr=1e-2,
+DEFAULTS = dict(pairs=(2, 4, 8), steps=600, d_model=32, layers=2, heads=2, batch_size=16, lr=1e-2,
                 train_chars=100_000, eval_examples=300)
 QUICK = dict(pairs=(2,), steps=300, train_chars=30_000, eval_examples=200)
 CHANCE = 1 / len(tasks.VALUES)
