@@ -83,6 +83,10 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
                      runs=runs, seconds=clock())
 
 
+def _label(p: str) -> str:
+    return {"rope": "RoPE"}.get(p, p.capitalize())
+
+
 def reading(records: list[dict], s: dict) -> str:
     C = s["context"]
     at = {(r["positions"], r["window"]): r["bits_per_char"] for r in records}
@@ -96,22 +100,22 @@ def reading(records: list[dict], s: dict) -> str:
     unigram = math.log2(len(tasks.SYMBOLS))
     idle = [p for p in POSITIONS if inside[p] > floor + 0.75 * (unigram - floor)]
     if idle:
-        parts.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} barely started to copy with this budget "
+        parts.append(f"{', '.join(idle).capitalize()} {'has' if len(idle) == 1 else 'have'} barely started to copy with this budget "
                      f"(guessing every symbol costs {unigram:.2f}), so the longer windows test little there.")
-    longest = max(r["window"] for r in records)
-    if longest > C:
-        for p in POSITIONS:
-            far = at[(p, longest)]
-            if far is None:
-                parts.append(f"{p.capitalize()} positions cannot be evaluated beyond {C} tokens: the table has no rows there.")
-            elif far > inside[p] + 0.1:
-                parts.append(f"{p.capitalize()} degrades to {far:.3f} at {longest} tokens (+{far - inside[p]:.3f}).")
-            else:
-                parts.append(f"{p.capitalize()} holds at {longest} tokens ({far:.3f}, {far - inside[p]:+.3f}).")
-        held = [p for p in POSITIONS if at[(p, longest)] is not None and at[(p, longest)] <= inside[p] + 0.1]
-        if "rope" in POSITIONS and "rope" not in idle:  # (an idle model has nothing to carry over)
+    beyond = sorted({r["window"] for r in records if r["window"] > C})
+    for p in POSITIONS if beyond else ():
+        if at[(p, beyond[0])] is None:
+            parts.append(f"{_label(p)} positions cannot be evaluated beyond {C} tokens: the table has no rows there.")
+            continue
+        steps = ", ".join(f"{at[(p, w)]:.3f} at {w} ({at[(p, w)] - inside[p]:+.3f})" for w in beyond)
+        parts.append(f"{_label(p)}: {steps}.")
+    if beyond and "rope" in POSITIONS and "rope" not in idle:  # (an idle model has nothing to carry over)
+        w = beyond[-1]
+        if at[("rope", w)] <= inside["rope"] + 0.1:
             parts.append("RoPE encodes only the distance between two tokens, and copying needs only a distance, "
-                         "so it carries over to longer windows, as expected." if "rope" in held else
-                         "Contrary to the usual claim, RoPE does not carry over to the longer windows here: "
-                         "the copy head also leans on distances it never saw during training.")
+                         f"so it carries over to {w} tokens, as expected.")
+        else:
+            parts.append(f"Contrary to the usual claim that RoPE extrapolates, it does not hold at {w} tokens: it encodes "
+                         f"only distances, but a longer window brings keys more than {C} tokens back, distances the "
+                         "model never saw in training, and they draw attention away from the symbol to copy.")
     return " ".join(parts)
