@@ -176,7 +176,9 @@ def reading(records: list[dict], base: float, kind: str) -> str:
     busy = [r["damage"] for r in records if "busiest" in r["part"]]
     calm = [r["damage"] for r in records if "random" in r["part"]]
     if busy and calm:
+        gap = np.mean(busy) - np.mean(calm)
         parts.append(f"Zeroing the busiest units costs {np.mean(busy):+.3f}, as many random ones {np.mean(calm):+.3f}"
-                     + (": the units the gate viewer shows first are the ones that matter." if np.mean(busy) > np.mean(calm)
-                        else ": the busiest units are no more important than random ones."))
+                     + (": the units the gate viewer shows first matter clearly more." if gap > 0.25 else
+                        ": the busiest units matter little more than random ones." if gap > 0 else
+                        ": the busiest units are no more important than random ones."))
     return " ".join(parts)
