@@ -659,8 +659,10 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
-    Measured on a 2-core CPU shared with other jobs (load ~7), default sizes:
-      copy ~150 s · recall ~150 s · cost ~60 s · positions ~100 s · heads, ablate: seconds
+    Measured at default size on a 2-core CPU shared with other jobs (load 12-15): wall time, and in
+    brackets CPU time, which is about the wall time on an idle core (the lab runs torch on one thread):
+      copy 891 s (79 s) · recall 1185 s (116 s) · cost 239 s (23 s) · positions 410 s (30 s)
+      heads 38 s (3 s) · ablate 47 s (4 s)
     """
     from charlm.lab import EXPERIMENTS, run_experiment
     from charlm.views.lab import render_copy_views, render_lab, render_list
