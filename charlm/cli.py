@@ -648,8 +648,8 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
 @click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: experiment, settings, results, reading.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("checkpoints/lab"), show_default=True,
-              help="Where the lab's models are saved (as normal runs).")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the lab trains.")
 @click.option("--text", "text_file", type=click.Path(path_type=str),
@@ -664,22 +664,19 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
       copy 891 s (79 s) · recall 1185 s (116 s) · cost 239 s (23 s) · positions 410 s (30 s)
       heads 38 s (3 s) · ablate 47 s (4 s)
     """
-    from charlm.lab import EXPERIMENTS, run_experiment
+    from contextlib import nullcontext
+
+    from charlm.lab import EXPERIMENTS, LAB_DIR, run_experiment
     from charlm.views.lab import render_copy_views, render_lab, render_list
 
     console = Console(highlight=False)
     if name is None:
         render_list(console, EXPERIMENTS)
         return
-    status = err_console().status("") if not as_json else None
-    try:
-        if status:
-            status.start()
-        result = run_experiment(name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out, text=text_file,
-                                progress=(lambda m: status.update(m)) if status else (lambda m: None))
-    finally:
-        if status:
-            status.stop()
+    status = err_console().status(f"lab {name}") if not as_json else nullcontext()
+    with status:  # the progress line lives on stderr and goes away when the experiment ends
+        result = run_experiment(name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out or LAB_DIR, text=text_file,
+                                progress=status.update if not as_json else (lambda message: None))
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:

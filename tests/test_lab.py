@@ -120,7 +120,7 @@ def test_ablate_clamps_every_gate_of_the_lstm(copy_result):
     assert all(abs(d) > 1e-3 for d in parts.values())
 
 
-def test_cost_recomputation_grows_faster_than_the_cache(tmp_path):
+def test_cost_recomputation_grows_faster_than_the_cache():
     out = lab("cost")
     exps = out["details"]["exponents"]
     assert exps["transformer recompute"] > exps["transformer cache"] + 0.3

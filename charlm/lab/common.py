@@ -6,7 +6,6 @@ The coupling to the trainer and the checkpoint format lives here and nowhere els
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,10 +150,6 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x: y ~ x^slope."""
     lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
     return float(np.polyfit(lx, ly, 1)[0])
-
-
-def bits(nats: float, chars: int) -> float:
-    return nats / chars / math.log(2)
 
 
 def record(**kw) -> dict:

@@ -79,7 +79,7 @@ def reading(records: list[dict], details: dict) -> str:
         else:
             parts.append(f"{label} copies N={', '.join(map(str, good))} (≥ 90%) but not {bad}; chance is {CHANCE:.0%}.")
         if any(acc[(kind, n)] < 0.9 and any(acc[(kind, m)] >= 0.9 for m in lengths if m > n) for n in lengths):
-            parts.append(f"Its failures are not about length: it copies a longer sequence than one it fails on. Within "
+            parts.append("Its failures are not about length: it copies a longer sequence than one it fails on. Within "
                          "this budget its copy mechanism forms abruptly and not in every run (another --seed or more "
                          "steps changes which).")
     lstm_better = [n for n in lengths if acc[("lstm", n)] > acc[("transformer", n)] + 0.05]

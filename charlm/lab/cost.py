@@ -7,7 +7,6 @@ does not depend on the weights. Growth exponents are least-squares slopes on log
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
@@ -32,14 +31,15 @@ def _configs(size: str, vocab: int, context: int) -> dict[str, ModelConfig]:
 
 
 def _ms(fn, repeats: int) -> float:
-    """Median milliseconds of one call: on a shared CPU a mean is pulled up by whoever else ran meanwhile."""
+    """Milliseconds of the fastest call: on a shared CPU other jobs only ever add time, so the minimum is the
+    least disturbed measurement (a mean or even a median moves with the machine's load)."""
     fn()  # warm-up: first-call allocations are not the steady cost
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+    return min(times) * 1000
 
 
 @torch.no_grad()
@@ -84,6 +84,8 @@ def run(out=None, seed: int = 0, device: str = "cpu", progress=print, **settings
     longest = max(s["contexts"])
     cfgs = _configs(s["size"], s["vocab"], longest + s["tokens"] + 2)
     models = {kind: build_model(cfg).eval() for kind, cfg in cfgs.items()}
+    for kind, mode in MODES:  # a discarded round first: one-time set-up (e.g. oneDNN's kernels) is not per-token cost
+        per_token_ms(models[kind], mode, s["contexts"][0], 2, gen)
     records = []
     for T in s["contexts"]:
         progress(f"timing context {T} (up to {longest})")
