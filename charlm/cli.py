@@ -661,7 +661,7 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
     \b
     Measured at default size on a 2-core CPU shared with other jobs (load 12-15): wall time, and in
     brackets CPU time, which is about the wall time on an idle core (the lab runs torch on one thread):
-      copy 891 s (79 s) · recall 1185 s (116 s) · cost 239 s (23 s) · positions 410 s (30 s)
+      copy 891 s (79 s) · recall 1185 s (116 s) · cost 147 s (22 s) · positions 410 s (30 s)
       heads 38 s (3 s) · ablate 47 s (4 s)
     """
     from contextlib import nullcontext
