@@ -173,3 +173,16 @@ def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
         assert torch.all(frozen[0].gates["forget"] == 1) and not torch.all(frozen[1].gates["forget"] == 1)
         dead = trace_rnn(rnn, x, intervene=zero_units(1, [0, 3]))
         assert torch.all(dead[1].h[..., [0, 3]] == 0) and torch.equal(dead[0].h, plain[0].h)
+
+
+def test_trace_rnn_intervention_on_a_gru():
+    import torch
+
+    from charlm.lab.ablate import clamp
+    from charlm.models.gates import trace_rnn
+
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 6, num_layers=1, batch_first=True)
+    with torch.no_grad():
+        held = trace_rnn(gru, torch.randn(2, 5, 4), intervene=clamp(0, "update", 1.0))
+    assert torch.all(held[0].h == 0)  # update gate 1: keep the old (zero) state at every step
