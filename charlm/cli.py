@@ -574,3 +574,50 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
         CompareRepl(view).run()
     else:
         view.show(prompt)
+
+
+
+# ---- lab ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.argument("ckpt", required=False, type=click.Path(path_type=str))
+@click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: experiment, settings, results, reading.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
+@device_option
+@click.option("--text", "text_file", type=click.Path(path_type=str),
+              help="ablate: the text scored [default: the run's corpus.txt].")
+@click.option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
+def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
+    """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
+
+    \b
+    Measured at default size on a 2-core CPU shared with other jobs (load 12-15): wall time, and in
+    brackets CPU time, which is about the wall time on an idle core (the lab runs torch on one thread):
+      copy 891 s (79 s) · recall 1185 s (116 s) · cost 147 s (22 s) · positions 410 s (30 s)
+      heads 38 s (3 s) · ablate 47 s (4 s)
+    """
+    from contextlib import nullcontext
+
+    from charlm.lab import EXPERIMENTS, LAB_DIR, run_experiment
+    from charlm.views.lab import render_copy_views, render_lab, render_list
+
+    console = Console(highlight=False)
+    if name is None:
+        render_list(console, EXPERIMENTS)
+        return
+    status = err_console().status(f"lab {name}") if not as_json else nullcontext()
+    with status:  # the progress line lives on stderr and goes away when the experiment ends
+        result = run_experiment(name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out or LAB_DIR, text=text_file,
+                                progress=status.update if not as_json else (lambda message: None))
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        render_lab(console, result, color=not plain)
+        if result.experiment == "copy":  # show why, with the viewers
+            d = result.details
+            render_copy_views(console, d, checkpoint.load(d["transformer_run"]), checkpoint.load(d["lstm_run"]), ascii=plain)

@@ -48,9 +48,11 @@ class LayerTrace:
     c: torch.Tensor | None  # LSTM cell state after each step (None for a GRU)
 
 
-def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None) -> list[LayerTrace]:
+def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None, intervene=None) -> list[LayerTrace]:
     """Re-run `rnn` (batch_first) on x (B, T, C) step by step; state as nn.LSTM/GRU takes it
-    ((h0, c0) or h0, each (layers, B, hidden)), None for zeros. Returns one trace per layer."""
+    ((h0, c0) or h0, each (layers, B, hidden)), None for zeros. Returns one trace per layer.
+    intervene(layer, name, value) -> value, when given, replaces each gate (by its name) and the new
+    hidden state ("hidden") at every step before it is used: an ablation (e.g. the forget gate held at 1)."""
     if not rnn.batch_first or rnn.bidirectional or getattr(rnn, "proj_size", 0):
         raise ValueError("trace_rnn handles unidirectional, batch_first layers without projections")
     lstm = isinstance(rnn, nn.LSTM)
@@ -76,6 +78,8 @@ def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None) -> list[LayerT
             if lstm:
                 i, f, g, o = (xw[:, t] + hw).chunk(4, dim=-1)
                 i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+                if intervene is not None:
+                    i, f, g, o = (intervene(layer, name, v) for name, v in zip(LSTM_GATES, (i, f, g, o)))
                 c = f * c + i * g
                 h = o * torch.tanh(c)
                 for name, v in zip(LSTM_GATES, (i, f, g, o)):
@@ -86,10 +90,16 @@ def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None) -> list[LayerT
                 h_r, h_z, h_n = hw.chunk(3, dim=-1)
                 r = torch.sigmoid(x_r + h_r)
                 z = torch.sigmoid(x_z + h_z)
+                if intervene is not None:
+                    r, z = intervene(layer, "reset", r), intervene(layer, "update", z)
                 n = torch.tanh(x_n + r * h_n)
+                if intervene is not None:
+                    n = intervene(layer, "new", n)
                 h = (1 - z) * n + z * h
                 for name, v in zip(GRU_GATES, (r, z, n)):
                     gates[name].append(v)
+            if intervene is not None:
+                h = intervene(layer, "hidden", h)
             hs.append(h)
         stacked = {name: torch.stack(v, dim=1) for name, v in gates.items()}
         h_seq = torch.stack(hs, dim=1)
@@ -99,10 +109,10 @@ def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None) -> list[LayerT
 
 
 @torch.no_grad()
-def trace_model(model, idx: torch.Tensor) -> list[LayerTrace]:
+def trace_model(model, idx: torch.Tensor, intervene=None) -> list[LayerTrace]:
     """The gates of a charlm RNN (an LSTM or GRU language model) reading idx (B, T) from a fresh state."""
     x = model.tok_emb(idx)  # the dropout after the embedding is off in eval
-    return trace_rnn(model.rnn, x)
+    return trace_rnn(model.rnn, x, intervene=intervene)
 
 
 @torch.no_grad()

@@ -1,0 +1,41 @@
+"""charlm lab: small controlled experiments on incremental memory (LSTM) against direct access (attention).
+
+Each experiment is one module with run(...) -> LabResult; lab models are trained with charlm's own
+trainer and saved as normal runs. EXPERIMENTS is the list `charlm lab` shows.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from charlm.config import ConfigError
+from charlm.generate import one_thread
+from charlm.lab.common import LAB_DIR, LabResult
+
+__all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
+
+EXPERIMENTS = {
+    "copy": "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not",
+    "recall": "associative recall: key-value pairs, then a key; accuracy against the number of pairs",
+    "cost": "time per generated token and per training step as the context grows, with fitted exponents",
+    "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
+    "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
+    "positions": "RoPE, learned and sinusoidal positions: bits/char inside and beyond the training context",
+}
+NEEDS_CKPT = ("heads", "ablate")
+
+
+def run_experiment(name: str, *, ckpt: str | None = None, quick: bool = False, seed: int = 0, device: str = "cpu",
+                   out: Path = LAB_DIR, text: str | None = None, progress=lambda message: None) -> LabResult:
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment '{name}': choose one of {', '.join(EXPERIMENTS)}")
+    if (name in NEEDS_CKPT) != (ckpt is not None):
+        raise ConfigError(f"charlm lab {name} takes a checkpoint: charlm lab {name} CKPT" if name in NEEDS_CKPT
+                          else f"charlm lab {name} takes no checkpoint (it trains its own models)")
+    module = importlib.import_module(f"charlm.lab.{name}")
+    settings = module.QUICK if quick else {}
+    with one_thread():  # lab models are small: a second thread only waits, the more so on a busy CPU
+        if name in NEEDS_CKPT:
+            return module.run(ckpt, seed=seed, text=text, progress=progress, **settings)
+        return module.run(Path(out), seed=seed, device=device, progress=progress, **settings)

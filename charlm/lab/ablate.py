@@ -1,0 +1,184 @@
+"""ablate CKPT: what each part of a trained model is worth, in bits/char lost on a text when it is taken out.
+
+Transformer: knock out one head at a time (a forward pre-hook zeroes that head's slice of the input of
+its layer's output projection: the head then adds nothing), and rank the heads by the damage.
+LSTM/GRU: hold one gate of one layer at 0 or at 1 at every step ("what if the forget gate were always
+open"), or zero units of a layer's hidden state, through the step-by-step recomputation of the gates
+(charlm.models.probes), then the model's own head on the resulting states.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from charlm.config import ConfigError
+from charlm.lab.common import Chart, Clock, LabResult, load_run, record
+from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
+
+DEFAULTS = dict(max_chars=8192, rows=16, units=8)
+QUICK = dict(max_chars=1024, rows=4, units=4)
+
+
+def _text(ck, text: str | None) -> tuple[str, str]:
+    path = Path(text) if text else ck.path.parent / "corpus.txt"
+    if not path.is_file():
+        raise ConfigError(f"no text to score: {path} does not exist; give one with --text FILE" if text else
+                          f"{ck.path.parent} has no corpus.txt (only lab runs keep theirs): give a text with --text FILE")
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except UnicodeDecodeError:
+        raise ConfigError(f"--text: {path} is not UTF-8 text") from None
+
+
+@torch.no_grad()
+def head_knockouts(model, ids: torch.Tensor) -> list[tuple[int, int, float]]:
+    """(layer, head, nats per token) with each head knocked out in turn; ids (B, T + 1)."""
+    H = model.cfg.n_heads
+    hs = model.cfg.d_model // H
+    out = []
+    for layer, block in enumerate(model.blocks):
+        for head in range(H):
+            def zero_head(module, args, head=head):
+                y = args[0].clone()
+                y[..., head * hs : (head + 1) * hs] = 0
+                return (y,)
+
+            hook = block.attn.proj.register_forward_pre_hook(zero_head)
+            try:
+                out.append((layer, head, _nats(model(ids[:, :-1])[0], ids)))
+            finally:
+                hook.remove()
+    return out
+
+
+def _nats(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    return float(F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)))
+
+
+@torch.no_grad()
+def rnn_nats(model, ids: torch.Tensor, intervene=None) -> float:
+    """Nats per token of an LSTM/GRU reading ids (B, T + 1) from a fresh state, with an intervention."""
+    h = trace_model(model, ids[:, :-1], intervene)[-1].h  # (B, T, hidden)
+    return _nats(model.head(h), ids)
+
+
+def clamp(layer: int, name: str, value: float):
+    def intervene(l, n, v):
+        return torch.full_like(v, value) if (l, n) == (layer, name) else v
+    return intervene
+
+
+def zero_units(layer: int, units: list[int]):
+    def intervene(l, n, v):
+        if (l, n) != (layer, "hidden"):
+            return v
+        v = v.clone()
+        v[:, units] = 0
+        return v
+    return intervene
+
+
+def _rows(ids: list[int], rows: int, context: int) -> torch.Tensor:
+    """The text cut into `rows` windows of equal length (at most context + 1 tokens each)."""
+    T = min(context + 1, len(ids) // rows)
+    if T < 2:
+        raise ConfigError(f"the text is too short to score: {len(ids)} tokens for {rows} windows")
+    return torch.tensor(np.asarray(ids[: rows * T]).reshape(rows, T))
+
+
+@torch.no_grad()
+def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **settings) -> LabResult:
+    s = {**DEFAULTS, **settings}
+    clock = Clock()
+    ck = load_run(ckpt)
+    body, source = _text(ck, text)
+    ids = ck.tokenizer.encode(body[: s["max_chars"]], unknown="drop")
+    model, cfg = ck.model, ck.model_config
+    rnn = not getattr(model, "has_attention", False)
+    # an RNN reads each window from a fresh state, as the transformer reads its context: the same windows
+    x = _rows(ids, s["rows"], cfg.context if not rnn else 256)
+    chars = len(ck.tokenizer.decode(x[:, 1:].reshape(-1).tolist()))
+    tokens = x[:, 1:].numel()
+
+    def bpc(nats: float) -> float:
+        return nats * tokens / chars / math.log(2)
+
+    records = []
+    if not rnn:
+        base = bpc(_nats(model(x[:, :-1])[0], x))
+        for k, (layer, head, nats) in enumerate(head_knockouts(model, x)):
+            records.append(record(layer=layer, part=f"head {head}", value=0.0,
+                                  bits_per_char=bpc(nats), damage=bpc(nats) - base))
+    else:
+        base = bpc(rnn_nats(model, x))
+        gates = LSTM_GATES if cfg.kind == "lstm" else GRU_GATES
+        trace = trace_model(model, x[:, :-1])
+        gen = np.random.default_rng(seed)
+        for layer in range(cfg.n_layers):
+            progress(f"ablating layer {layer} of {cfg.n_layers}")
+            for name in gates:
+                for value in (0.0, 1.0):
+                    nats = rnn_nats(model, x, clamp(layer, name, value))
+                    records.append(record(layer=layer, part=name, value=value,
+                                          bits_per_char=bpc(nats), damage=bpc(nats) - base))
+            spread = trace[layer].h.reshape(-1, cfg.d_model).std(dim=0).numpy()
+            busy = [int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]]
+            calm = [int(u) for u in gen.choice(cfg.d_model, s["units"], replace=False)]
+            for label, units in ((f"{s['units']} busiest units", busy), (f"{s['units']} random units", calm)):
+                nats = rnn_nats(model, x, zero_units(layer, units))
+                records.append(record(layer=layer, part=label, value=0.0,
+                                      bits_per_char=bpc(nats), damage=bpc(nats) - base))
+    records.sort(key=lambda r: -r["damage"])
+    for rank, r in enumerate(records, 1):
+        r["rank"] = rank
+    settings_out = {**s, "checkpoint": str(ck.path), "text": source, "model": cfg.kind, "tokens": tokens,
+                    "baseline_bits_per_char": round(base, 4), "seed": seed}
+    return LabResult("ablate", settings_out, records, reading(records, base, cfg.kind),
+                     Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost"), seconds=clock())
+
+
+def _name(r: dict) -> str:
+    if r["part"].startswith("head"):
+        return f"L{r['layer']}H{r['part'].split()[1]}"
+    return f"L{r['layer']} {r['part']}={r['value']:g}"
+
+
+def reading(records: list[dict], base: float, kind: str) -> str:
+    top = records[0]
+    least = records[-1]
+    parts = [f"Intact, the {kind.upper() if kind != 'transformer' else 'Transformer'} scores {base:.3f} bits/char."]
+    if kind == "transformer":
+        harmless = [r for r in records if abs(r["damage"]) < 0.01]
+        parts.append(f"Knocking out {_name(top)} hurts most (+{top['damage']:.3f}), {_name(least)} least "
+                     f"({least['damage']:+.3f}); {len(harmless)} of {len(records)} heads cost under 0.01 bits/char "
+                     "when removed alone.")
+        if len(records) > 1:
+            second = records[1]["damage"]
+            parts.append(f"{_name(top)} matters most by far: removing it costs {top['damage'] / max(second, 1e-9):.1f}× "
+                         "what the next head costs." if top["damage"] > 2 * second else
+                         "No single head dominates: the damage is spread over several heads.")
+        return " ".join(parts)
+    parts.append(f"The worst single change is {_name(top)} (+{top['damage']:.3f} bits/char); "
+                 f"the mildest {_name(least)} ({least['damage']:+.3f}).")
+    forget = {(r["layer"], r["value"]): r["damage"] for r in records if r["part"] in ("forget", "update")}
+    if forget:
+        gate = "forget" if kind == "lstm" else "update"
+        open_, shut = [v for (l, val), v in forget.items() if val == 1.0], [v for (l, val), v in forget.items() if val == 0.0]
+        parts.append(f"Holding the {gate} gate at 1 (never forget) costs {np.mean(open_):+.3f} on average over the layers, "
+                     f"at 0 (forget every step) {np.mean(shut):+.3f}: "
+                     + ("losing the memory hurts more than never clearing it." if np.mean(shut) > np.mean(open_)
+                        else "never clearing the memory hurts more than losing it."))
+    busy = [r["damage"] for r in records if "busiest" in r["part"]]
+    calm = [r["damage"] for r in records if "random" in r["part"]]
+    if busy and calm:
+        gap = np.mean(busy) - np.mean(calm)
+        parts.append(f"Zeroing the busiest units costs {np.mean(busy):+.3f}, as many random ones {np.mean(calm):+.3f}"
+                     + (": the units the gate viewer shows first matter clearly more." if gap > 0.25 else
+                        ": the busiest units matter little more than random ones." if gap > 0 else
+                        ": the busiest units are no more important than random ones."))
+    return " ".join(parts)

@@ -1,0 +1,90 @@
+"""Draw a lab result: its table, its chart and its reading. Numbers in, text out."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from charlm.views.plot import line_chart
+
+HIDDEN = ("run", "head_id")  # record keys the table leaves to --json (and the chart)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return "—" if v is None else str(v)
+
+
+def results_table(result) -> Table:
+    keys = [k for k in dict.fromkeys(k for r in result.results for k in r) if k not in HIDDEN]
+    table = Table(box=box.SIMPLE_HEAD, title=f"charlm lab {result.experiment}", title_justify="left")
+    for k in keys:
+        table.add_column(k.replace("_", " "), justify="left" if isinstance(result.results[0].get(k), str) else "right")
+    for r in result.results:
+        table.add_row(*(_cell(r.get(k)) for k in keys))
+    return table
+
+
+def chart_text(result, width: int, color: bool) -> str | None:
+    c = result.chart
+    if c is None:
+        return None
+    series: dict[str, tuple[list, list]] = {}
+    for r in result.results:  # one line per value of c.series, or one per y key when c.series is None
+        for y in (c.y if isinstance(c.y, tuple) else (c.y,)):
+            if r.get(y) is None or r.get(c.x) is None:
+                continue
+            xs, ys = series.setdefault(str(r[c.series]) if c.series else y.replace("_", " "), ([], []))
+            xs.append(r[c.x])
+            ys.append(r[y])
+    if not series:
+        return None
+    return line_chart(series, width=min(width, 90), height=16, xlabel=c.xlabel, ylabel=c.ylabel,
+                      xlog=c.xlog, ylog=c.ylog, color=color)
+
+
+def render_lab(console: Console, result, color: bool = True) -> None:
+    console.print(results_table(result))
+    chart = chart_text(result, console.width, color)
+    if chart:
+        console.print(Text.from_ansi(chart) if color else Text(chart), no_wrap=True, overflow="crop")
+    console.print()
+    console.print(Text(result.reading))
+    if result.runs:
+        console.print(Text(f"models: {', '.join(result.runs)} ({result.seconds:.0f} s in all)", style="dim"))
+    elif result.seconds:
+        console.print(Text(f"({result.seconds:.0f} s)", style="dim"))
+
+
+def render_list(console: Console, experiments: dict[str, str]) -> None:
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
+    for name, summary in experiments.items():
+        table.add_row(Text(name, style="bold"), summary)
+    console.print(Text("charlm lab NAME: small controlled experiments on the two kinds of memory", style="bold"))
+    console.print(table)
+
+
+def render_copy_views(console: Console, details: dict, transformer, lstm, ascii: bool = False) -> None:
+    """Why copy comes out as it does: the Transformer's copy head on one example (the offset diagonal), then
+    the LSTM's gates on the same example, drawn by the attention and gate viewers. transformer, lstm: loaded
+    checkpoints of the runs named in details."""
+    from charlm.views.attention import AttnOptions, render_attention
+    from charlm.views.gates import GateOptions, render_gates
+
+    text, head = "\n" + details["example"], details["copy_head"]
+    console.print()
+    console.print(Text(f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
+                       f"(N={details['length']}): the copied half looks back N tokens", style="bold"))
+    render_attention(console, transformer.model, transformer.tokenizer, transformer.tokenizer.encode(text),
+                     AttnOptions(layer=head["layer"], head=head["head"], ascii=ascii))
+    console.print()
+    console.print(Text("… and the LSTM's gates on the same example: everything to copy must pass through its cell state",
+                       style="bold"))
+    render_gates(console, lstm.model, lstm.tokenizer, lstm.tokenizer.encode(text), GateOptions(ascii=ascii))
+    console.print(Text(f"(again: charlm attn {details['transformer_run']} --layer {head['layer']} --head {head['head']} "
+                       f"--prompt TEXT · charlm gates {details['lstm_run']} --prompt TEXT)", style="dim"))
