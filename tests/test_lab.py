@@ -157,7 +157,7 @@ def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
     import torch
 
     from charlm.lab.ablate import clamp, zero_units
-    from charlm.models.gates import trace_rnn
+    from charlm.models.probes import trace_rnn
 
     torch.manual_seed(0)
     rnn = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
@@ -179,7 +179,7 @@ def test_trace_rnn_intervention_on_a_gru():
     import torch
 
     from charlm.lab.ablate import clamp
-    from charlm.models.gates import trace_rnn
+    from charlm.models.probes import trace_rnn
 
     torch.manual_seed(0)
     gru = torch.nn.GRU(4, 6, num_layers=1, batch_first=True)

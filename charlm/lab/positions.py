@@ -76,7 +76,7 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
             model = ck.model if m == 1 else widened(ck.model, window)
             bits = window_bits(model, ids, window) if model is not None else None
             records.append(record(positions=pos, window=window, bits_per_char=bits,
-                                  val_bits_per_char=round(float(ck.data["best_val_bpc"]), 4)))
+                                  val_bits_per_char=_rounded(ck.saved.best_val_bpc)))
     return LabResult("positions", {**s, "windows": list(s["windows"]), "seed": seed, "device": device,
                                    "variants": list(POSITIONS)}, records, reading(records, s),
                      Chart("window", "bits_per_char", "positions", "window (tokens)", "bits/char", xlog=True),
@@ -119,3 +119,7 @@ def reading(records: list[dict], s: dict) -> str:
                          f"only distances, but a longer window brings keys more than {C} tokens back, distances the "
                          "model never saw in training, and they draw attention away from the symbol to copy.")
     return " ".join(parts)
+
+
+def _rounded(bpc: float | None) -> float | None:
+    return None if bpc is None else round(bpc, 4)  # None: the run was never evaluated
