@@ -46,8 +46,9 @@ def render_runs(console: Console, rows: list[dict], title: str, now: float | Non
         # directory and corpus names are the user's text, never markup
         run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r.get("corpus") or "?"), style="dim")
         when = age(now - r["modified"])
-        if "error" in r:
-            table.add_row(run, Text(safe_text(r["error"]), style="red", overflow="fold"), "", "", "", "", when)
+        if "error" in r:  # under the name, the one column that folds: a long message keeps the others
+            run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r["error"]), style="red")
+            table.add_row(run, Text("unreadable", style="red"), "", "", "", "", when)
             continue
         bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] is not None else "-"
         params = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
