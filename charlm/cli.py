@@ -61,7 +61,7 @@ class CharlmGroup(click.Group):
             err_console().print("aborted")
             sys.exit(130)
         except click.MissingParameter as e:
-            if e.param is not None and e.param.name in ("ckpt", "ckpts"):
+            if e.param is not None and e.param.name in ("ckpt", "ckpts", "run_dirs"):
                 _missing_run(e)
             print_error(e.format_message())
             sys.exit(e.exit_code)
@@ -93,14 +93,15 @@ class CharlmGroup(click.Group):
 def _missing_run(e: click.MissingParameter) -> NoReturn:
     """`charlm chat` with no checkpoint: the usage line, then the runs there are to choose from."""
     console = err_console()
+    what = "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a checkpoint file or run directory"
     if e.ctx is not None:
         console.print(e.ctx.get_usage(), markup=False)
     found = runs.find_runs() if runs.RUNS.is_dir() else []
     if not found:
-        print_error(f"missing CKPT: a checkpoint file or run directory; there are no runs in {runs.RUNS}/ yet: "
+        print_error(f"missing {what}; there are no runs in {runs.RUNS}/ yet: "
                     "train one with charlm train FILE")
         sys.exit(e.exit_code)
-    print_error(f"missing CKPT: a checkpoint file or run directory, such as one of the runs in {runs.RUNS}/ "
+    print_error(f"missing {what}, such as one of the runs in {runs.RUNS}/ "
                 "(newest first; charlm runs shows them all):")
     for run in found[:5]:
         console.print(Text("  " + safe_text(str(run))))
@@ -472,7 +473,7 @@ def _print_chart(console: Console, curves: dict[str, list[dict]], **kw) -> None:
 
     # colour on a terminal only; piped or NO_COLOR: plain characters, the series told apart by their markers
     color = console.is_terminal and not console.no_color
-    click.echo(loss_chart(curves, color=color, **kw))
+    click.echo(loss_chart(curves, color=color, **kw).rstrip("\n"))
 
 
 @main.command("runs", examples=[("the runs under checkpoints/, newest first", "charlm runs"),
