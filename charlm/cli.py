@@ -91,7 +91,7 @@ class CharlmGroup(click.Group):
 
 
 def _missing_run(e: click.MissingParameter) -> NoReturn:
-    """`charlm chat` with no checkpoint: the usage line, then the runs there are to choose from."""
+    """`charlm chat` (or any command) with no checkpoint or run: the usage line, then the runs to choose from."""
     console = err_console()
     what = "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a checkpoint file or run directory"
     if e.ctx is not None:
@@ -155,7 +155,8 @@ click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simpl
 RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
 
 
-@click.group(cls=CharlmGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=CharlmGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="charlm")
 @click.pass_context
 def main(ctx):
@@ -238,8 +239,8 @@ def _preset_notes():
                 f"batch {s['batch_size']}, lr {s['lr']:g}")
 
     table = config.PRESET_TABLE
-    rows = [(name, f"for {use[name]}: transformer {sizes(table['transformer'][name])}; "
-                   f"lstm/gru {sizes(table['lstm'][name])}") for name in PRESETS]
+    rows = [(name, (f"for {use[name]}: transformer {sizes(table['transformer'][name])}; "
+                    f"lstm/gru {sizes(table['lstm'][name])}")) for name in PRESETS]
     return [("Presets (a size flag you give wins over the preset)", rows)]
 
 

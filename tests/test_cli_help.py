@@ -64,7 +64,10 @@ def test_train_help_groups_its_options_and_explains_the_presets():
     out = charlm("train", "--help").stdout
     headings = [line for line in out.splitlines() if line and not line[0].isspace() and line.endswith(":")]
     assert headings[:4] == ["Model:", "Data:", "Optimisation:", "Run:"]
-    section = lambda title: out.split(f"\n{title}:\n")[1].split("\n\n")[0]  # noqa: E731
+
+    def section(title: str) -> str:
+        return out.split(f"\n{title}:\n")[1].split("\n\n")[0]
+
     assert "--d-model" in section("Model") and "--dropout" in section("Model") and "--lr" not in section("Model")
     assert "--tokenizer" in section("Data") and "--vocab-size" in section("Data")
     assert "--lr " in section("Optimisation") and "--weight-decay" in section("Optimisation")

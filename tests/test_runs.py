@@ -5,6 +5,7 @@ run has barely learned, and its summary's time adds up to the wait."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
@@ -18,10 +19,11 @@ from rich.console import Console
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.config import ModelConfig, TrainConfig
-from charlm.train import Phase, Stepped, Trainer
+from charlm import runs
+from charlm.config import ModelConfig
+from charlm.train import Phase, Trainer
 from charlm.views.progress import TrainView
-from charlm.views.runs import age, duration
+from charlm.views.runs import age, duration, render_runs
 
 from conftest import tiny_train
 
@@ -95,9 +97,6 @@ def test_a_damaged_run_is_a_row_not_a_crash(folder):
 
 def test_runs_table_fits_60_columns_with_every_column(folder):
     console = Console(file=io.StringIO(), width=60)
-    from charlm.views.runs import render_runs
-    from charlm import runs
-
     render_runs(console, [runs.describe(p) for p in runs.find_runs(folder)], "3 runs")
     out = console.file.getvalue()
     assert max(len(line) for line in out.splitlines()) <= 60
@@ -147,7 +146,7 @@ def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
     Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run").fit()
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps[0] == 3 and steps[-1] == 60 and len(steps) >= 3
-    assert all(b - a >= 3 for a, b in zip(steps, steps[1:]))
+    assert all(b - a >= 3 for a, b in itertools.pairwise(steps))
 
 
 def test_a_timed_run_shows_a_validation_loss_before_its_end(tmp_path):
