@@ -145,7 +145,8 @@ def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
     cfg = tiny_train(60, eval_interval=None)
     Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run").fit()
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert steps[0] == 3 and steps[-1] == 60 and len(steps) >= 3
+    # (how many come between depends on what an evaluation costs against a step: at most ~5% of the time)
+    assert steps[0] == 3 and steps[-1] == 60
     assert all(b - a >= 3 for a, b in itertools.pairwise(steps))
 
 
@@ -155,7 +156,7 @@ def test_a_timed_run_shows_a_validation_loss_before_its_end(tmp_path):
     cfg = tiny_train(10**9, eval_interval=None, max_time=4.0)
     Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run").fit()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) >= 2 and rows[0]["elapsed"] < 2.0 <= rows[-1]["elapsed"]
+    assert len(rows) >= 2 and rows[0]["step"] < rows[-1]["step"] and rows[-1]["elapsed"] >= 4.0
 
 
 def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_path):
