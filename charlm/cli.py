@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+from click import _textwrap as click_textwrap
 from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm import checkpoint
+from charlm import checkpoint, config
 from charlm.checkpoint import CheckpointError
 from charlm import runs
 from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
@@ -59,6 +60,11 @@ class CharlmGroup(click.Group):
         except click.exceptions.Abort:
             err_console().print("aborted")
             sys.exit(130)
+        except click.MissingParameter as e:
+            if e.param is not None and e.param.name in ("ckpt", "ckpts", "run_dirs"):
+                _missing_run(e)
+            print_error(e.format_message())
+            sys.exit(e.exit_code)
         except click.ClickException as e:
             print_error(e.format_message())
             sys.exit(e.exit_code)
@@ -77,12 +83,90 @@ class CharlmGroup(click.Group):
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def format_commands(self, ctx, formatter) -> None:
+        """Each command with its whole first sentence, wrapped: Click's own list cuts it at ~45 characters."""
+        rows = [(name, _summary(self.get_command(ctx, name))) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
-@click.group(cls=CharlmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+def _missing_run(e: click.MissingParameter) -> NoReturn:
+    """`charlm chat` (or any command) with no checkpoint or run: the usage line, then the runs to choose from."""
+    console = err_console()
+    what = "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a checkpoint file or run directory"
+    if e.ctx is not None:
+        console.print(e.ctx.get_usage(), markup=False)
+    found = runs.find_runs() if runs.RUNS.is_dir() else []
+    if not found:
+        print_error(f"missing {what}; there are no runs in {runs.RUNS}/ yet: "
+                    "train one with charlm train FILE")
+        sys.exit(e.exit_code)
+    print_error(f"missing {what}, such as one of the runs in {runs.RUNS}/ "
+                "(newest first; charlm runs shows them all):")
+    for run in found[:5]:
+        console.print(Text("  " + safe_text(str(run))))
+    sys.exit(e.exit_code)
+
+
+def _summary(command: click.Command) -> str:
+    if command.short_help:
+        return command.short_help
+    first = (command.help or "").split("\n\n")[0]
+    return " ".join(first.split(". ")[0].split()).rstrip(".") + "."
+
+
+class CharlmCommand(click.Command):
+    """A command whose --help lists its options in titled sections and ends with examples.
+
+    sections: title -> parameter names, in order (any option not named goes under "Other options");
+    examples: (what it does, the command line) pairs; notes: (title, rows) printed after the options."""
+
+    def __init__(self, *args, sections: dict[str, tuple[str, ...]] | None = None,
+                 examples: list[tuple[str, str]] | None = None, notes=None, **kw):
+        super().__init__(*args, **kw)
+        self.sections, self.examples, self.notes = sections or {}, examples or [], notes
+
+    def format_options(self, ctx, formatter) -> None:
+        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx) if isinstance(p, click.Option)}
+        records = {name: r for name, r in records.items() if r}
+        placed = {name for names in self.sections.values() for name in names}
+        sections = [(title, [records[n] for n in names if n in records]) for title, names in self.sections.items()]
+        sections.append(("Other options" if self.sections else "Options",
+                         [r for n, r in records.items() if n not in placed]))
+        for title, rows in sections:
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+    def format_epilog(self, ctx, formatter) -> None:
+        for title, rows in self.notes() if self.notes else ():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+        if self.examples:  # verbatim: a command line must not be re-wrapped
+            with formatter.section("Examples"):
+                for what, line in self.examples:
+                    formatter.write(f"{'':>{formatter.current_indent}}# {what}\n{'':>{formatter.current_indent}}{line}\n")
+
+
+CharlmGroup.command_class = CharlmCommand
+# Click wraps help with textwrap, which breaks at hyphens ("--max-" / "time"): flags must stay whole
+# (tests/test_cli_help.py notices if a Click release moves this class)
+click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simple_re  # split at spaces only
+RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
+
+
+@click.group(cls=CharlmGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="charlm")
-def main():
+@click.pass_context
+def main(ctx):
     """Train small character- and BPE-level language models (LSTM, GRU, Transformer) on any text file,
-    then chat with them and look inside."""
+    then chat with them and look inside.
+
+    Start with: charlm train corpora/tinyshakespeare.txt, then charlm chat on the run it prints.
+    Every command has --help, with examples."""
+    if ctx.invoked_subcommand is None:  # bare `charlm`: the help, as a successful answer
+        click.echo(ctx.get_help())
 
 
 # ---- train --------------------------------------------------------------------------------------
@@ -144,7 +228,37 @@ def _check_writable(out: Path) -> None:
         raise UserError(f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out") from None
 
 
-@main.command()
+def _preset_notes():
+    """The presets, read from config.PRESET_TABLE: what each one sets, for each model family."""
+    use = {"tiny": "a laptop CPU and minutes (the default on CPU)", "small": "one GPU (the default on CUDA)",
+           "medium": "a larger GPU run"}
+
+    def sizes(s: dict) -> str:
+        heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
+        return (f"{s['n_layers']} layers × {s['d_model']}{heads}, context {s['context']}, dropout {s['dropout']:g}, "
+                f"batch {s['batch_size']}, lr {s['lr']:g}")
+
+    table = config.PRESET_TABLE
+    rows = [(name, (f"for {use[name]}: transformer {sizes(table['transformer'][name])}; "
+                    f"lstm/gru {sizes(table['lstm'][name])}")) for name in PRESETS]
+    return [("Presets (a size flag you give wins over the preset)", rows)]
+
+
+TRAIN_SECTIONS = {
+    "Model": ("preset_name", "kind", "n_layers", "d_model", "n_heads", "context", "dropout", "positions"),
+    "Data": ("tokenizer", "vocab_size"),
+    "Optimisation": ("batch_size", "grad_accum", "lr", "warmup", "optimizer", "muon_lr", "weight_decay", "precision"),
+    "Run": ("steps", "max_time", "eval_interval", "eval_iters", "sample_tokens", "seed", "device", "compile", "out",
+            "resume", "nproc"),
+}
+
+
+@main.command(sections=TRAIN_SECTIONS, notes=_preset_notes, examples=[
+    ("a tiny character-level Transformer, two minutes on a CPU", "charlm train corpora/tinyshakespeare.txt"),
+    ("an LSTM on BPE tokens for ten minutes", "charlm train notes.txt --model lstm --tokenizer bpe --max-time 10m"),
+    ("five more minutes of the first run (--max-time is the total)",
+     f"charlm train corpora/tinyshakespeare.txt --out {RUN} --resume --max-time 7m"),
+])
 @click.argument("corpus", type=click.Path(path_type=str))
 @click.option("--preset", "preset_name", type=click.Choice(PRESETS), default=None,
               help="Model size and batch/lr defaults [default: tiny on CPU, small on CUDA].")
@@ -297,7 +411,8 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
     }
 
 
-@main.command()
+@main.command(examples=[("the model, its size, training and best score, and its loss curve", f"charlm info {RUN}"),
+                       ("the same as one JSON object", f"charlm info {RUN}/best.pt --json")])
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(ckpt, as_json):
@@ -321,7 +436,94 @@ def info(ckpt, as_json):
         table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")
     table.add_row("corpus", Text(safe_text(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)")))
     table.add_row("file", Text(safe_text(info["path"])))
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    console.print(table)
+    curve = _curves([str(Path(info["path"]).parent)], missing_ok=True)
+    if curve and len(next(iter(curve.values()))) > 1:
+        console.print(Text("bits/char while training (charlm plot for more):", style="bold"))
+        _print_chart(console, curve, y="bpc", x="step", width=min(console.width, 100), height=14)
+
+
+# ---- runs: runs, plot ---------------------------------------------------------------------------
+
+
+def _curves(paths: tuple[str, ...] | list[str], missing_ok: bool = False) -> dict[str, list[dict]]:
+    """Each run's metrics.jsonl rows, by a label: the directory's name, or the path given where names repeat."""
+    dirs = [Path(p) if not Path(p).is_file() else Path(p).parent for p in paths]
+    names = [d.resolve().name for d in dirs]
+    curves = {}
+    for given, d, name in zip(paths, dirs, names):
+        if not d.is_dir():
+            raise UserError(f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one")
+        try:
+            points = runs.read_metrics(d)
+        except ConfigError:
+            if missing_ok:
+                continue
+            raise
+        if not points and missing_ok:
+            continue
+        if not points:
+            raise UserError(f"{given} has no evaluations yet: plot it after its first one")
+        curves[name if names.count(name) == 1 else str(given)] = points
+    return curves
+
+
+def _print_chart(console: Console, curves: dict[str, list[dict]], **kw) -> None:
+    from charlm.views.runs import loss_chart
+
+    # colour on a terminal only; piped or NO_COLOR: plain characters, the series told apart by their markers
+    color = console.is_terminal and not console.no_color
+    click.echo(loss_chart(curves, color=color, **kw).rstrip("\n"))
+
+
+@main.command("runs", examples=[("the runs under checkpoints/, newest first", "charlm runs"),
+                                ("the runs in another folder, as JSON", "charlm runs /data/runs --json")])
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list, one object per run.")
+def runs_(directory, as_json):
+    """List the runs in DIRECTORY [default: checkpoints]: model, tokenizer, size, steps, time, best score, corpus."""
+    from charlm.views.runs import render_runs
+
+    root = directory or runs.RUNS
+    if not root.is_dir():
+        if directory is None:
+            raise UserError(f"no {runs.RUNS}/ folder here yet: train a model with charlm train FILE, or give a DIRECTORY")
+        raise UserError(f"no directory {directory}: give a folder that holds run directories")
+    rows = [runs.describe(run) for run in runs.find_runs(root)]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        err_console().print(Text(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"))
+        return
+    render_runs(Console(highlight=False), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
+
+
+@main.command(examples=[("one run's train and val bits/char against steps", f"charlm plot {RUN}"),
+                        ("two runs overlaid, loss against seconds of training",
+                         f"charlm plot {RUN} {RUN}-2 --y loss --x time"),
+                        ("the numbers behind the chart", f"charlm plot {RUN} --json")])
+@click.argument("run_dirs", metavar="RUN...", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--y", "y", type=click.Choice(["bpc", "loss"]), default="bpc", show_default=True,
+              help="Bits per character (comparable across tokenizers), or loss in nats per token.")
+@click.option("--x", "x", type=click.Choice(["step", "time"]), default="step", show_default=True,
+              help="Optimizer steps, or seconds of training.")
+@click.option("--width", type=int, help="Width in characters [default: the terminal's, at most 120].")
+@click.option("--height", type=int, default=20, show_default=True, help="Height in lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the evaluations of each run as JSON instead.")
+def plot(run_dirs, y, x, width, height, as_json):
+    """Loss curves of one run, or several overlaid: train and val, from each run's metrics.jsonl."""
+    if width is not None and width < 30:
+        raise UserError(f"--width must be at least 30, got {width}")
+    if height < 8:
+        raise UserError(f"--height must be at least 8, got {height}")
+    curves = _curves(run_dirs)
+    if as_json:
+        click.echo(json.dumps([{"run": name, "evaluations": points} for name, points in curves.items()]))
+        return
+    console = Console(highlight=False)
+    _print_chart(console, curves, y=y, x=x, width=width or min(console.width, 120), height=height)
 
 
 # ---- generation: sample, chat -------------------------------------------------------------------
@@ -366,7 +568,9 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         raise UserError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None
 
 
-@main.command()
+@main.command(examples=[("200 tokens after a prompt", f"charlm sample {RUN} -p \"ROMEO:\" -n 200"),
+                       ("the prompt from a pipe, the text to a file, the same text each time",
+                        f"echo \"To be\" | charlm sample {RUN} --seed 1 > out.txt")])
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.option("--prompt", "-p", help="Text to continue [default: --prompt-file, else stdin when piped, else none].")
 @click.option("--prompt-file", type=str, help="Read the prompt from this file ('-': stdin).")
@@ -377,7 +581,7 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("--stats", is_flag=True, help="One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
 def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache,
            device, num_samples, unknown, echo, stats):
-    """Continue a prompt with CKPT, streaming plain text to stdout (pipe-friendly)."""
+    """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
     from charlm.generate import Generator
     from charlm.runtime import pick_device
     from charlm.views.repl import StreamPrinter
@@ -422,6 +626,7 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
         if last and not last.endswith("\n"):
             write("\n")
         runs.append(gen.stats)
+    printer.flush()  # the text's last newline reaches the terminal before the stats line on stderr
     if stats:
         total = sum(r.seconds for r in runs)
         tokens = sum(r.tokens for r in runs)
@@ -431,7 +636,8 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
         click.echo(json.dumps(line), err=True)
 
 
-@main.command()
+@main.command(examples=[("talk to the run the README's first command trains", f"charlm chat {RUN}"),
+                       ("each prompt continues the running text, less random", f"charlm chat {RUN} --mode continue -t 0.5")])
 @click.argument("ckpt", type=click.Path(path_type=str))
 @sampling_options(max_tokens=200)
 @click.option("--mode", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
@@ -479,7 +685,9 @@ def _viewer_input(ckpt: str, prompt: str, unknown: str, width: int | None):
     return ck, ids, Console(highlight=False, width=width)
 
 
-@main.command()
+@main.command(examples=[("the last layer's attention, mean over heads", f"charlm attn {RUN} -p \"To be, or not to be\""),
+                       ("every layer × head as small maps", f"charlm attn {RUN} -p \"To be, or not to be\" --overview"),
+                       ("what the last token looked at", f"charlm attn {RUN} -p \"To be, or not to be\" --focus -1")])
 @viewer_options
 @click.option("--head", type=int, help="Head (from 0) [default: the mean over heads].")
 @click.option("--mean", is_flag=True, help="The mean over the layer's heads.")
@@ -504,7 +712,10 @@ def attn(ckpt, prompt, layer, head, mean, overview, stats, focus, top, tokens, e
     render_attention(console, ck.model, ck.tokenizer, ids, opts)
 
 
-@main.command()
+@main.command(examples=[
+    ("the 8 units whose gates change most", "charlm gates checkpoints/tinyshakespeare-lstm-char -p \"To be, or not to be\""),
+    ("three chosen units of the first layer",
+     "charlm gates checkpoints/tinyshakespeare-lstm-char -p \"To be\" --layer 0 --units 3,17,42")])
 @viewer_options
 @click.option("--units", type=str, help="How many units (those whose gates change most; default 8), or which: 3,17,42.")
 def gates(ckpt, prompt, layer, units, tokens, end, width, ascii, unknown):
@@ -521,7 +732,9 @@ def gates(ckpt, prompt, layer, units, tokens, end, width, ascii, unknown):
 # ---- comparison: eval, compare ------------------------------------------------------------------
 
 
-@main.command("eval")
+@main.command("eval", short_help="Loss, perplexity and bits per character of CKPT on any text FILE.", examples=[
+    ("bits per character on the whole corpus", f"charlm eval {RUN} corpora/tinyshakespeare.txt"),
+    ("the same as one JSON object", f"charlm eval {RUN} other.txt --json")])
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("file", type=click.Path(path_type=str))
 @click.option("--stride", type=int, help="Transformer: tokens each window advances [default: context/2].")
@@ -544,7 +757,10 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
         render_eval(Console(highlight=False), loaded, file, result)
 
 
-@main.command()
+@main.command(examples=[
+    ("two runs continue the same prompt, then a table", f"charlm compare {RUN} {RUN}-2 -p \"ROMEO:\""),
+    ("with each one's bits per character on a text", f"charlm compare {RUN} {RUN}-2 --eval corpora/tinyshakespeare.txt"),
+    ("a prompt loop: each prompt goes to every model", f"charlm compare {RUN} {RUN}-2 -i")])
 @click.argument("ckpts", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--prompt", "-p", default="", help="Text every model continues [default: none].")
 @config_options(SampleConfig, defaults={"max_tokens": 200}, only=("max_tokens", "temperature", "top_k", "top_p", "seed"))

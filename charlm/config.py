@@ -131,7 +131,8 @@ class TrainConfig:
                           choices=OPTIMIZERS)
     muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).")
     grad_clip: float = internal(1.0)
-    eval_interval: int = flag(250, "Steps between evaluations.", resumable=True)
+    eval_interval: int | None = flag(None, "Steps between evaluations [default: the first after 5% of the budget, "
+                                     "then as often as costs ~5% of the time].", resumable=True)
     eval_iters: int = flag(20, "Batches per evaluation.", resumable=True)
     val_fraction: float = internal(0.1)
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.")
@@ -159,7 +160,7 @@ class TrainConfig:
         _check(self.weight_decay >= 0, f"--weight-decay must be at least 0, got {self.weight_decay}")
         _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
         _check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
-        _check(self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")
+        _check(self.eval_interval is None or self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")
         _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
         _check(self.device in DEVICES, f"unknown --device '{self.device}': choose auto, cpu or cuda")

@@ -1,9 +1,11 @@
-"""Run directories: where a new run goes, which run `--resume` continues, and THE rule for what a
-resumed run may change. The rule is read from the config fields (config.flag(resumable=...)), so a new
-setting states whether it may change on resume where it is defined."""
+"""Run directories: where a new run goes, which run `--resume` continues, THE rule for what a resumed
+run may change, and what runs there are (`charlm runs`, `charlm plot`). The rule is read from the config
+fields (config.flag(resumable=...)), so a new setting states whether it may change on resume where it is
+defined."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -80,3 +82,43 @@ def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainCon
         raise ConfigError(f"--resume: {out} has already trained for {saved.train_seconds:.0f}s; "
                           "give a larger --max-time (the total) or --steps to train on")
     return old_model, new_train
+
+
+# ---- listing (`charlm runs`) ---------------------------------------------------------------------
+
+
+def find_runs(root: Path = RUNS) -> list[Path]:
+    """The run directories in root (root itself when it is one), newest checkpoint first."""
+    found = [root] if (root / "last.pt").is_file() else [p.parent for p in root.glob("*/last.pt")]
+    return sorted(found, key=lambda p: (p / "last.pt").stat().st_mtime, reverse=True)
+
+
+def describe(run: Path) -> dict:
+    """What `charlm runs` shows of one run, read from its last.pt (plain values: a table row or JSON)."""
+    from charlm import checkpoint  # runs.py sits below checkpoint for train.py's sake; only listing needs it
+
+    row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
+    try:
+        saved = checkpoint.read(run / "last.pt")
+    except checkpoint.CheckpointError as e:
+        return {**row, "error": str(e)}
+    m, t = saved.model_config, saved.train_config
+    return {**row, "model": m.kind, "layers": m.n_layers, "d_model": m.d_model, "tokenizer": t.tokenizer,
+            "vocab_size": m.vocab_size, "params": saved.params, "steps": saved.step,
+            "train_seconds": round(saved.train_seconds, 2), "best_val_bpc": saved.best_val_bpc,
+            "corpus": saved.corpus.name if saved.corpus else None}
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """The evaluations the trainer appended to run/metrics.jsonl, in order (a resumed run continues the file)."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}, line {n}: not JSON; the file is damaged") from None
+    return rows

@@ -53,6 +53,12 @@ class Started:
     val_tokens: int
     vocab_size: int
     world_size: int = 1  # processes (torchrun ranks): effective batch = batch_size * grad_accum * world_size
+    start_seconds: float = 0.0  # seconds trained by earlier sessions of a resumed run
+
+
+@dataclass(kw_only=True)
+class Phase:
+    name: str  # "evaluating" | "sampling" | "saving": work between steps that shows no progress of its own
 
 
 @dataclass(kw_only=True)
@@ -269,6 +275,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
+        self.next_eval = self.EVAL_GAP  # the progress() at which the next evaluation is due (no --eval-interval)
         self.best_val_loss = self.best_val_bpc = None
         amp = autocast_dtype(self.device, self.cfg.precision)
         self.autocast = torch.autocast(self.device, dtype=amp) if amp else nullcontext()
@@ -288,6 +295,7 @@ class Trainer:
             self.scaler.load_state_dict(saved.scaler)
         self.step, self.train_seconds = saved.step, saved.train_seconds
         self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
+        self.next_eval = self.spent() + self.EVAL_GAP  # a resumed run too shows a validation loss early
 
     def _wrap(self) -> None:
         # DDP averages gradients across ranks during backward. self.model stays the plain module and is
@@ -304,7 +312,7 @@ class Trainer:
         self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
                               train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
                               val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
-                              world_size=self.dist.world_size))
+                              world_size=self.dist.world_size, start_seconds=self.train_seconds))
         # tokens/s counts optimizer steps over all ranks: the effective batch
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
@@ -342,11 +350,42 @@ class Trainer:
                 elapsed = time.perf_counter() - t0
                 self.on_event(Stepped(step=self.step, loss=loss_value, lr=lr, tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
                                       elapsed=self.train_seconds))
-                if self.step % cfg.eval_interval == 0 or self.step == cfg.steps:
-                    last_val, last_eval_step = self.evaluate_and_save(), self.step
+                if self.eval_due():
+                    last_val, last_eval_step = self.scheduled_eval(), self.step
             if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
                 last_val = self.evaluate_and_save()
         return self.result(stopped, last_val)
+
+    # Without --eval-interval: the first evaluation after 5% of the budget (a short run shows a validation
+    # loss early, not only at its end), then at least 5% of the budget apart, and far enough apart that
+    # evaluating takes at most ~5% of the time (a two-minute CPU run evaluates ~3 times, an hour ~20 times).
+    EVAL_GAP = EVAL_SHARE = 0.05
+
+    def spent(self) -> float:
+        """The fraction of the budget (steps or time, whichever runs out first) spent."""
+        p = self.step / self.cfg.steps
+        return max(p, self.train_seconds / self.cfg.max_time) if self.cfg.max_time else p
+
+    def progress(self) -> float:
+        """spent(), the same on every rank: their clocks differ, and they must evaluate together."""
+        return distributed.all_max([self.spent()])[0]
+
+    def eval_due(self) -> bool:
+        if self.step >= self.cfg.steps:
+            return True
+        if self.cfg.eval_interval:
+            return self.step % self.cfg.eval_interval == 0
+        return self.progress() >= self.next_eval
+
+    def scheduled_eval(self) -> float:
+        """evaluate_and_save, then the next evaluation's place in the budget from what this one cost."""
+        t0 = time.perf_counter()
+        val = self.evaluate_and_save()
+        (cost,) = distributed.all_max([time.perf_counter() - t0])
+        done = self.progress()
+        total = self.cfg.max_time or self.train_seconds / max(done, 1e-9)  # seconds the whole budget takes
+        self.next_eval = done + max(self.EVAL_GAP, cost / (self.EVAL_SHARE * total))
+        return val
 
     def forward_backward(self) -> tuple[float, float]:
         """Gradients of one optimizer step: grad_accum micro-batches, then clipping. Returns the loss
@@ -383,6 +422,7 @@ class Trainer:
         """A short sample from the model on rank 0 (its own RNG: the training RNG is never touched)."""
         if not n_tokens or not self.dist.is_main:
             return None
+        self.on_event(Phase(name="sampling"))
         self.model.eval()
         try:
             return Generator(self.model, self.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed))
@@ -391,6 +431,7 @@ class Trainer:
 
     def evaluate_and_save(self) -> float:
         """Evaluate; log the metrics; write last.pt, and best.pt when val loss improved. Returns val loss."""
+        self.on_event(Phase(name="evaluating"))
         losses = evaluate(self.model, self.batches, self.cfg, self.device, self.autocast,
                           self.dist.rank, self.dist.world_size)
         if not all(map(math.isfinite, losses.values())):  # never overwrite a good checkpoint with this
@@ -401,6 +442,7 @@ class Trainer:
             self.best_val_loss, self.best_val_bpc = losses["val"], val_bpc
         metrics = {"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
                    "val_bpc": val_bpc, "elapsed": round(self.train_seconds, 3)}
+        self.on_event(Phase(name="saving"))
         self.save("last.pt", metrics)
         if is_best:
             self.save("best.pt", metrics)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import shlex
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.train import Encoding, Evaluated, Result, Started, Stepped
+from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped
 from charlm.views.text import safe_text
 
 
@@ -27,6 +29,9 @@ class TrainView:
         self.tps = 0.0  # smoothed tokens/s
         self.last_val = ""
         self.started: Started | None = None
+        # wall-clock marks, so the summary's time adds up to what the user waited
+        self.t_created = time.perf_counter()
+        self.t_started: float | None = None
 
     def __call__(self, event) -> None:
         if isinstance(event, Encoding):
@@ -37,6 +42,13 @@ class TrainView:
             self._stepped(event)
         elif isinstance(event, Evaluated):
             self._evaluated(event)
+        elif isinstance(event, Phase):
+            self._phase(event)
+
+    def _phase(self, e: Phase) -> None:
+        """Name the work between steps on the bar, which would otherwise sit still without a word."""
+        if self.live and self.train_task is not None:
+            self.progress.update(self.train_task, description=e.name)
 
     def _ensure_progress(self) -> Progress:
         if self.progress is None:
@@ -60,7 +72,7 @@ class TrainView:
         p.update(self.encode_task, completed=e.done, info=f"{e.done / 1e6:.1f}/{e.total / 1e6:.1f} MB")
 
     def _started(self, e: Started) -> None:
-        self.started = e
+        self.started, self.t_started = e, time.perf_counter()
         m, t = e.model_config, e.train_config
         size = f"{m.n_layers} layers × {m.d_model}" + (f", {m.n_heads} heads" if m.kind == "transformer" else "")
         # a time-only run has an effectively unlimited step count: don't print 1000000000 steps
@@ -93,7 +105,7 @@ class TrainView:
             done = min(e.elapsed, t.max_time) if t.max_time else e.step
             if t.max_time:  # whichever budget runs out first drives the bar
                 done = max(done, t.max_time * e.step / t.steps)
-            self.progress.update(self.train_task, completed=done, info=info)
+            self.progress.update(self.train_task, completed=done, info=info, description="training")
         elif e.step % self.log_every == 0:
             self.console.print(f"{info} · {e.elapsed:.0f}s", highlight=False)
 
@@ -114,7 +126,7 @@ class TrainView:
         table.add_column()
         why = {"steps": "reached --steps", "time": "--max-time ran out", "until": "paused", "interrupted": "Ctrl-C"}
         table.add_row("steps", f"{result.step} ({why[result.stopped]})")
-        table.add_row("time", f"{result.train_seconds:.1f}s")
+        table.add_row("time", self._time(result))
         table.add_row("parameters", f"{result.params:,}")
         if result.best_val_loss is not None:
             table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
@@ -123,11 +135,37 @@ class TrainView:
         if result.sample:
             self.console.print("[bold]sample:[/]")
             self.console.print(Text(safe_text(result.sample), style="italic"))
-        self.console.print("\n[bold]try next:[/]")
         run = shlex.quote(str(result.out_dir))  # printed to be copied into a shell, never read as markup
+        if self._barely_learned(result):
+            uniform = math.log(self.started.vocab_size)
+            self.console.print(
+                f"\n[bold yellow]train longer:[/] val loss {result.best_val_loss:.2f} nats/token is still "
+                f"{result.best_val_loss / uniform:.0%} of a uniform guess among {self.started.vocab_size} tokens "
+                f"({uniform:.2f}): the model has barely started to learn. Continue it with a larger total time:")
+            self.console.print(f"  charlm train CORPUS --out {run} --resume --max-time 10m", markup=False, highlight=False)
+        self.console.print("\n[bold]try next:[/]")
         self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
         self.console.print(f"  charlm sample {run} --prompt \"...\"", markup=False, highlight=False)
         self.console.print(f"  charlm info {run}", markup=False, highlight=False)
+
+    def _time(self, result: Result) -> str:
+        """Training time (evaluations included), and what else the wait held, so the numbers add up."""
+        if self.started is None or self.t_started is None:
+            return f"{result.train_seconds:.1f}s"
+        session = result.train_seconds - self.started.start_seconds
+        setup = self.t_started - self.t_created
+        after = max(0.0, time.perf_counter() - self.t_started - session)
+        text = f"{session:.1f}s training, evaluations included"
+        if self.started.start_seconds:
+            text += f" ({result.train_seconds:.1f}s with the earlier sessions)"
+        return (text + f" · {setup + session + after:.1f}s in all: {setup:.1f}s to set up and encode, "
+                f"{after:.1f}s for the last evaluation and sample")
+
+    def _barely_learned(self, result: Result) -> bool:
+        """Val loss above 60% of a uniform guess's, ln(vocab): on English characters that is about what
+        letter frequencies alone give (~2.9 of 4.2 nats); two minutes of the tiny preset reach ~40%."""
+        return (result.best_val_loss is not None and self.started is not None and self.started.vocab_size > 1
+                and result.best_val_loss > 0.6 * math.log(self.started.vocab_size))
 
     def close(self) -> None:
         if self.progress is not None:

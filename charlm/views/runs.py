@@ -1,0 +1,79 @@
+"""Runs at a glance: the table of `charlm runs`, and loss curves (`charlm plot`, `charlm info`) drawn
+with the one terminal chart (views/plot.py)."""
+
+from __future__ import annotations
+
+import time
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from charlm.views.plot import line_chart
+from charlm.views.text import safe_text
+
+
+def age(seconds: float) -> str:
+    """'now', '5m ago', '3h ago', '2d ago'."""
+    if seconds < 60:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+
+
+def duration(seconds: float) -> str:
+    """'45s', '2m00s', '1h05m'."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def render_runs(console: Console, rows: list[dict], title: str, now: float | None = None) -> None:
+    """rows: runs.describe() of each run, newest first."""
+    now = time.time() if now is None else now
+    table = Table(title=Text(safe_text(title)), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                  show_edge=False, padding=(0, 1, 0, 0))  # narrow gaps: 8 columns fit in 60
+    table.add_column("run\ncorpus", overflow="fold", min_width=8)  # the user's names fold, never lose their end
+    table.add_column("model", no_wrap=True)
+    for name in ("params", "steps", "time", "val\nbits/\nchar", "when"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        # directory and corpus names are the user's text, never markup
+        run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r.get("corpus") or "?"), style="dim")
+        when = age(now - r["modified"])
+        if "error" in r:  # under the name, the one column that folds: a long message keeps the others
+            run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r["error"]), style="red")
+            table.add_row(run, Text("unreadable", style="red"), "", "", "", "", when)
+            continue
+        bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] is not None else "-"
+        params = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
+        table.add_row(run, f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}", params, f"{r['steps']:,}",
+                      duration(r["train_seconds"]), bpc, when)
+    console.print(table)
+
+
+def train_bpc(point: dict) -> float:
+    """Bits per character of the training loss: metrics.jsonl holds val_bpc and both losses, and the same
+    factor (chars per token, nats to bits) turns either loss into bits per character."""
+    return point["train_loss"] * point["val_bpc"] / point["val_loss"]
+
+
+def loss_chart(curves: dict[str, list[dict]], *, y: str = "loss", x: str = "step", width: int = 72, height: int = 16,
+               color: bool = True) -> str:
+    """curves: a run's label -> its metrics.jsonl rows. Train and val of each run as two series
+    (with one run, just "train" and "val"). y: "loss" (nats/token) or "bpc"; x: "step" or "time"."""
+    xs = (lambda p: p["step"]) if x == "step" else (lambda p: p["elapsed"])
+    ys = {"loss": (lambda p: p["train_loss"], lambda p: p["val_loss"]), "bpc": (train_bpc, lambda p: p["val_bpc"])}[y]
+    series = {}
+    for label, points in curves.items():
+        prefix = f"{label} " if len(curves) > 1 else ""
+        for split, value in zip(("train", "val"), ys):
+            series[prefix + split] = ([xs(p) for p in points], [value(p) for p in points])
+    return line_chart(series, width=width, height=height, color=color,
+                      xlabel="step" if x == "step" else "seconds of training",
+                      ylabel="loss (nats/token)" if y == "loss" else "bits/char")

@@ -1,0 +1,115 @@
+"""First contact (issue 13, part 1): bare `charlm` is the help; every --help groups its options, gives
+each a line and ends with examples; a missing checkpoint shows the usage line and the runs there are;
+`sample --stats` on a terminal starts its JSON on a line of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+
+import click
+import pexpect
+import pytest
+from click.testing import CliRunner
+
+from charlm.cli import main
+from charlm.config import PRESET_TABLE
+
+COMMANDS = sorted(main.commands)
+
+
+def charlm(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="charlm")
+
+
+def test_bare_charlm_prints_the_help_and_succeeds():
+    r = charlm()
+    assert r.exit_code == 0 and r.stderr == ""
+    assert r.stdout.startswith("Usage: charlm") and "error" not in r.stdout
+    assert "charlm train corpora/tinyshakespeare.txt" in r.stdout  # where to start
+
+
+def test_command_list_keeps_each_description_whole():
+    """Click's list cut descriptions at ~45 characters ("…heat..."); each first sentence now wraps whole."""
+    out = charlm("--help").stdout
+    listing = " ".join(out.split("Commands:")[1].split())
+    assert "..." not in listing
+    for name in COMMANDS:
+        command = main.commands[name]
+        summary = " ".join((command.short_help or command.help.split("\n\n")[0].split(". ")[0]).split())
+        assert f"{name} {summary}" in listing, name
+    assert "attn Show a transformer's attention on --prompt as terminal heat maps (by default: the last layer, " \
+           "mean over heads)." in listing
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_help_has_examples_and_a_line_for_every_option(name):
+    r = charlm(name, "--help")
+    assert r.exit_code == 0
+    examples = r.stdout.split("Examples:\n", 1)[1]
+    commands = [line.strip() for line in examples.splitlines() if line.strip().startswith("charlm ")]
+    assert commands and all(c.startswith(f"charlm {name}") for c in commands), examples
+    for param in main.commands[name].params:
+        if isinstance(param, click.Option):
+            assert param.help and param.help.strip(), (name, param.name)
+            assert param.opts[0] in r.stdout, (name, param.opts[0])
+    # textwrap's default breaks words at hyphens: "--max-" at a line's end and "time" on the next
+    assert not [line for line in r.stdout.splitlines() if re.search(r"\w-$", line)], r.stdout
+
+
+def test_train_help_groups_its_options_and_explains_the_presets():
+    out = charlm("train", "--help").stdout
+    headings = [line for line in out.splitlines() if line and not line[0].isspace() and line.endswith(":")]
+    assert headings[:4] == ["Model:", "Data:", "Optimisation:", "Run:"]
+
+    def section(title: str) -> str:
+        return out.split(f"\n{title}:\n")[1].split("\n\n")[0]
+
+    assert "--d-model" in section("Model") and "--dropout" in section("Model") and "--lr" not in section("Model")
+    assert "--tokenizer" in section("Data") and "--vocab-size" in section("Data")
+    assert "--lr " in section("Optimisation") and "--weight-decay" in section("Optimisation")
+    assert "--max-time" in section("Run") and "--seed" in section("Run") and "--device" in section("Run")
+    presets = " ".join(out.split("Presets")[1].split("Examples:")[0].split())
+    for name in ("tiny", "small", "medium"):
+        tf, rnn = PRESET_TABLE["transformer"][name], PRESET_TABLE["lstm"][name]
+        assert (f"{name} for" in presets and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, "
+                f"context {tf['context']}" in presets and f"lstm/gru {rnn['n_layers']} layers × {rnn['d_model']}" in presets)
+    assert "the default on CPU" in presets and "the default on CUDA" in presets
+
+
+def test_missing_checkpoint_shows_usage_and_lists_the_runs(gen_runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = charlm("chat")
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "Usage: charlm chat [OPTIONS] CKPT"
+    assert lines[1].startswith("error: missing CKPT") and "no runs in checkpoints/ yet" in lines[1]
+    for name in ("tf", "lstm"):  # two real runs, the LSTM newer
+        shutil.copytree(gen_runs[name], tmp_path / "checkpoints" / f"shakespeare-{name}")
+    os.utime(tmp_path / "checkpoints" / "shakespeare-tf" / "last.pt", (1e9, 1e9))
+    for command in ("chat", "sample", "info"):
+        r = charlm(command)
+        assert r.exit_code == 2 and "Traceback" not in r.output
+        lines = r.stderr.strip().splitlines()
+        assert lines[0] == f"Usage: charlm {command} [OPTIONS] CKPT"
+        assert lines[1].startswith("error: missing CKPT") and "charlm runs" in lines[1]
+        assert [line.strip() for line in lines[2:]] == ["checkpoints/shakespeare-lstm", "checkpoints/shakespeare-tf"]
+
+
+def test_sample_stats_on_a_terminal_starts_on_its_own_line(gen_runs, tmp_path):
+    """Regression: the text's last newline sat in the stream buffer while the stats went to stderr,
+    so a terminal showed `…To fi{"tokens": …`."""
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    for _ in range(3):  # the buffer's flush depends on timing: try it more than once
+        child = pexpect.spawn(sys.executable, ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", "ROMEO:", "-n", "40",
+                                               "--seed", "1", "--stats"], env=env, dimensions=(40, 100),
+                              encoding="utf-8", timeout=60)
+        out = child.read()
+        child.close()
+        assert child.exitstatus == 0, out
+        stats = re.search(r"(^|\r\n)(\{\"tokens\".*\})\r\n", out)
+        assert stats, repr(out)
+        assert json.loads(stats.group(2))["tokens"] == 40

@@ -1,0 +1,190 @@
+"""Runs (issue 13, part 5): `charlm runs` lists the run directories newest first, as a table or JSON;
+training names each silent phase, evaluates early without --eval-interval, says "train longer" when a
+run has barely learned, and its summary's time adds up to the wait."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import time
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from charlm import checkpoint
+from charlm.cli import main
+from charlm import runs
+from charlm.config import ModelConfig
+from charlm.train import Phase, Trainer
+from charlm.views.progress import TrainView
+from charlm.views.runs import age, duration, render_runs
+
+from conftest import tiny_train
+
+TEXT = "the cat sat on the mat, and the dog ran to the log.\n" * 60
+
+
+def charlm(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="charlm")
+
+
+@pytest.fixture
+def folder(gen_runs, cmp_runs, tmp_path):
+    """A folder of three real runs (a BPE one among them), oldest to newest: tf, bpe, lstm."""
+    root = tmp_path / "runs"
+    for i, (name, src) in enumerate((("tf", gen_runs["tf"]), ("bpe", cmp_runs["bpe"]), ("lstm", gen_runs["lstm"]))):
+        shutil.copytree(src, root / name)
+        os.utime(root / name / "last.pt", (time.time() - 3600 * (3 - i), time.time() - 3600 * (3 - i)))
+    return root
+
+
+def test_runs_table_newest_first(folder):
+    r = charlm("runs", folder)
+    assert r.exit_code == 0 and r.stderr == ""
+    out = r.stdout
+    assert out.index("lstm") < out.index("bpe") < out.index("\ntf")  # newest first
+    assert "3 runs in" in out
+    for name in ("tf", "bpe", "lstm"):
+        saved = checkpoint.read(folder / name / "last.pt")
+        row = out[out.index(f"\n{name} "):].split("\n")[1]
+        assert f"{saved.params / 1e6:.2f}M" in row and f"{saved.step:,}" in row and f"{saved.best_val_bpc:.3f}" in row
+        assert saved.model_config.kind in row
+    assert "1h ago" in out and "3h ago" in out
+    assert out.count("corpus.txt") == 3  # the corpus each run was trained on
+
+
+def test_runs_json_and_one_run_directory(folder):
+    r = charlm("runs", folder, "--json")
+    rows = json.loads(r.stdout)
+    assert [row["run"] for row in rows] == ["lstm", "bpe", "tf"]
+    bpe = rows[1]
+    saved = checkpoint.read(folder / "bpe" / "last.pt")
+    assert bpe["tokenizer"] == "bpe" and bpe["model"] == "transformer" and bpe["steps"] == saved.step
+    assert bpe["best_val_bpc"] == saved.best_val_bpc and bpe["params"] == saved.params and bpe["corpus"] == "corpus.txt"
+    assert {"path", "train_seconds", "modified", "layers", "d_model", "vocab_size"} <= bpe.keys()
+    assert [row["run"] for row in json.loads(charlm("runs", folder / "tf", "--json").stdout)] == ["tf"]
+
+
+def test_runs_defaults_to_checkpoints_and_says_when_there_are_none(folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = charlm("runs")
+    assert r.exit_code == 1 and r.stderr.startswith("error: no checkpoints/ folder here yet") and r.stderr.count("\n") == 1
+    (tmp_path / "checkpoints").mkdir()
+    r = charlm("runs")
+    assert r.exit_code == 0 and r.stdout == "" and "no runs in checkpoints" in r.stderr
+    assert charlm("runs", "--json").stdout.strip() == "[]"
+    shutil.move(folder / "tf", tmp_path / "checkpoints" / "tf")
+    assert "1 run in checkpoints" in charlm("runs").stdout
+    r = charlm("runs", tmp_path / "nowhere")
+    assert r.exit_code == 1 and r.stderr.startswith("error: no directory") and r.stderr.count("\n") == 1
+
+
+def test_a_damaged_run_is_a_row_not_a_crash(folder):
+    (folder / "bpe" / "last.pt").write_bytes(b"not a checkpoint")
+    r = charlm("runs", folder)
+    assert r.exit_code == 0
+    out = "".join(r.stdout.split())  # the message folds in the run column
+    assert "notacharlmcheckpoint" in out and "unreadable" in out and "lstm" in out and "tf" in out
+    rows = {row["run"]: row for row in json.loads(charlm("runs", folder, "--json").stdout)}
+    assert "not a charlm checkpoint" in rows["bpe"]["error"] and "error" not in rows["tf"]
+
+
+def test_runs_table_fits_60_columns_with_every_column(folder):
+    console = Console(file=io.StringIO(), width=60)
+    render_runs(console, [runs.describe(p) for p in runs.find_runs(folder)], "3 runs")
+    out = console.file.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 60
+    for header in ("run", "model", "params", "steps", "time", "bits/", "when"):
+        assert header in out, header
+
+
+def test_age_and_duration():
+    assert [age(s) for s in (5, 61, 3 * 3600 + 5, 2 * 86400)] == ["now", "1m ago", "3h ago", "2d ago"]
+    assert [duration(s) for s in (44.6, 120.2, 3900)] == ["45s", "2m00s", "1h05m"]
+
+
+# ---- training: phases, early evaluation, "train longer", the summary's time ---------------------
+
+
+def test_the_live_bar_names_each_phase(tmp_path):
+    """The bar's label says what the run is doing between steps (it sat silent before)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    events = []
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    view = TrainView(console)
+    labels = []
+
+    def on_event(e):
+        events.append(e)
+        view(e)
+        if view.train_task is not None:
+            labels.append(view.progress.tasks[view.train_task].description)
+
+    cfg = tiny_train(4, sample_tokens=10, eval_interval=2)
+    trainer = Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run",
+                      on_event=on_event)
+    view.finish(trainer.fit())
+    phases = [e.name for e in events if isinstance(e, Phase)]
+    assert phases[:3] == ["evaluating", "saving", "sampling"]  # one evaluation: loss, checkpoint, sample
+    assert {"training", "evaluating", "saving", "sampling"} <= set(labels)
+    assert labels[labels.index("evaluating") + 1:].count("training") >= 1  # the next step says training again
+
+
+def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
+    """Regression: with the old default of every 250 steps, a short run showed no validation loss until
+    its end. Now the first comes after 5% of the budget, and the next at least 5% apart."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    cfg = tiny_train(60, eval_interval=None)
+    Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run").fit()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # (how many come between depends on what an evaluation costs against a step: at most ~5% of the time)
+    assert steps[0] == 3 and steps[-1] == 60
+    assert all(b - a >= 3 for a, b in itertools.pairwise(steps))
+
+
+def test_a_timed_run_shows_a_validation_loss_before_its_end(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    cfg = tiny_train(10**9, eval_interval=None, max_time=4.0)
+    Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run").fit()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) >= 2 and rows[0]["step"] < rows[-1]["step"] and rows[-1]["elapsed"] >= 4.0
+
+
+def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    tiny = ["--layers", "1", "--d-model", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
+            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", "--out", tmp_path / "run"]
+    t0 = time.perf_counter()
+    r = charlm("train", corpus, *tiny, "--steps", 2)
+    waited = time.perf_counter() - t0
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.replace("│", " ").split())  # the summary table's cells wrap
+    assert "train longer:" in out and f"--out {tmp_path / 'run'} --resume --max-time" in out
+    m = re.search(r"time (\d+\.\d)s training, evaluations included · (\d+\.\d)s in all: (\d+\.\d)s to set up and "
+                  r"encode, (\d+\.\d)s for the last evaluation and sample", out)
+    assert m, out
+    training, total, setup, after = map(float, m.groups())
+    assert total == pytest.approx(training + setup + after, abs=0.15) and total <= waited + 0.05
+    assert training == pytest.approx(checkpoint.read(tmp_path / "run" / "last.pt").train_seconds, abs=0.05)
+
+
+def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    r = charlm("train", corpus, "--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size",
+               "8", "--lr", "0.01", "--warmup", "5", "--eval-iters", "2", "--sample-tokens", "0", "--device", "cpu",
+               "--steps", 60, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    best = checkpoint.read(tmp_path / "run" / "best.pt").best_val_loss
+    assert best < 0.6 * math.log(len(set(TEXT)))
+    assert "train longer" not in r.stdout and "try next:" in r.stdout
