@@ -796,7 +796,10 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
 # ---- lab ----------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(examples=[("the experiments, one line each", "charlm lab"),
+                        ("delayed copy: where the LSTM's fixed state runs out and attention does not", "charlm lab copy"),
+                        ("time per token against the context, with fitted growth exponents", "charlm lab cost --json"),
+                        ("every head of a trained Transformer, named by what it does", f"charlm lab heads {RUN}")])
 @click.argument("name", required=False)
 @click.argument("ckpt", required=False, type=click.Path(path_type=str))
 @click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
