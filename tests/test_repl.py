@@ -194,6 +194,7 @@ def test_a_bracketed_paste_of_several_lines_is_one_prompt(gen_runs, chat_pty):
     child.send("\x1b[200~JULIET:\nO Romeo\x1b[201~")  # what a terminal sends for a pasted "JULIET:\nO Romeo"
     child.send("\r")
     child.expect_exact(">>> ")
+    assert child.before.endswith("\x1b[?2004h")  # the terminal is asked to bracket pastes (CPython turns it off)
     screen = plain(child.before)
     assert screen.count("tokens/s") == 1  # one reply, not one per pasted line
     assert "JULIET:\nO Romeo, Romeo! wherefore" in screen  # the model continued both lines together
