@@ -660,7 +660,8 @@ def viewer_options(command):
     """The options attn and gates share: what text to look at, and how much of it fits."""
     for option in reversed([
         click.argument("ckpt", type=click.Path(path_type=str)),
-        click.option("--prompt", "-p", required=True, help="The text to look at."),
+        click.option("--prompt", "-p", help="The text to look at [default: --prompt-file, else stdin when piped]."),
+        click.option("--prompt-file", type=str, help="Read the text from this file ('-': stdin)."),
         click.option("--layer", type=int, help="Layer (from 0) [default: the last]."),
         click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit]."),
         click.option("--end", type=int, help="Show the tokens before this position [default: the end]."),
@@ -672,12 +673,15 @@ def viewer_options(command):
     return command
 
 
-def _viewer_input(ckpt: str, prompt: str, unknown: str, width: int | None):
+def _viewer_input(ckpt: str, prompt: str | None, prompt_file: str | None, unknown: str, width: int | None):
     """(checkpoint, prompt ids, console) shared by attn and gates."""
     if width is not None and width < 20:
         raise UserError(f"--width must be at least 20, got {width}")
-    if not prompt:
+    if prompt == "":
         raise UserError("--prompt is empty: give the text to look at")
+    prompt = _read_prompt(prompt, prompt_file)
+    if not prompt:
+        raise UserError("no text to look at: give --prompt TEXT or --prompt-file FILE, or pipe the text in")
     ck = checkpoint.load(ckpt)
     ids = ck.tokenizer.encode(prompt, unknown=unknown)
     if not ids:
@@ -693,22 +697,24 @@ def _viewer_input(ckpt: str, prompt: str, unknown: str, width: int | None):
 @click.option("--mean", is_flag=True, help="The mean over the layer's heads.")
 @click.option("--overview", is_flag=True, help="Every layer × head as small maps.")
 @click.option("--stats", is_flag=True, help="Entropy and mean distance of every head.")
-@click.option("--focus", type=str, help="One token (a position, negative from the end, or its text): what it looked at.")
+@click.option("--focus", type=str, help="What one token looked at: a position (negative: from the end), or text "
+              "(its last occurrence's last token).")
 @click.option("--top", type=int, default=10, show_default=True, help="Keys listed by --focus.")
 @click.option("--scale", type=click.Choice(["row", "abs"]), default="row", show_default=True,
               help="Shade by each row's largest weight, or absolute (1 = darkest).")
-def attn(ckpt, prompt, layer, head, mean, overview, stats, focus, top, tokens, end, width, scale, ascii, unknown):
-    """Show a transformer's attention on --prompt as terminal heat maps (by default: the last layer,
+def attn(ckpt, prompt, prompt_file, layer, head, mean, overview, stats, focus, top, tokens, end, width, scale, ascii,
+         unknown):
+    """Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps (by default: the last layer,
     mean over heads)."""
     from charlm.views.attention import AttnOptions, render_attention
 
     if overview and (layer is not None or head is not None or mean):
         raise UserError("--overview shows every head: drop --layer/--head/--mean, or drop --overview")
-    ck, ids, console = _viewer_input(ckpt, prompt, unknown, width)
+    ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
     if not ck.model.has_attention:
         raise UserError(f"{ck.name} is an LSTM/GRU: it has no attention; try 'charlm gates'")
     opts = AttnOptions(layer=layer, head=head, mean=mean, overview=overview, stats=stats, focus=focus,
-                       top=top, tokens=tokens, end=end, scale=scale, ascii=ascii)
+                       top=top, tokens=tokens, end=end, scale=scale, ascii=ascii, flags=True)
     render_attention(console, ck.model, ck.tokenizer, ids, opts)
 
 
@@ -718,14 +724,15 @@ def attn(ckpt, prompt, layer, head, mean, overview, stats, focus, top, tokens, e
      "charlm gates checkpoints/tinyshakespeare-lstm-char -p \"To be\" --layer 0 --units 3,17,42")])
 @viewer_options
 @click.option("--units", type=str, help="How many units (those whose gates change most; default 8), or which: 3,17,42.")
-def gates(ckpt, prompt, layer, units, tokens, end, width, ascii, unknown):
-    """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over --prompt."""
+def gates(ckpt, prompt, prompt_file, layer, units, tokens, end, width, ascii, unknown):
+    """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over a text (--prompt, --prompt-file or stdin)."""
     from charlm.views.gates import GateOptions, parse_units, render_gates
 
-    ck, ids, console = _viewer_input(ckpt, prompt, unknown, width)
+    ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
     if ck.model.has_attention:
         raise UserError(f"{ck.name} is a transformer: it has no gates; try 'charlm attn'")
-    opts = GateOptions(layer=layer, units=parse_units(units) if units else None, tokens=tokens, end=end, ascii=ascii)
+    opts = GateOptions(layer=layer, units=parse_units(units) if units else None, tokens=tokens, end=end, ascii=ascii,
+                       flags=True)
     render_gates(console, ck.model, ck.tokenizer, ids, opts)
 
 
@@ -763,12 +770,14 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
     ("a prompt loop: each prompt goes to every model", f"charlm compare {RUN} {RUN}-2 -i")])
 @click.argument("ckpts", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--prompt", "-p", default="", help="Text every model continues [default: none].")
-@config_options(SampleConfig, defaults={"max_tokens": 200}, only=("max_tokens", "temperature", "top_k", "top_p", "seed"))
+@config_options(SampleConfig, defaults={"max_tokens": 200})
 @unknown_option
 @click.option("--eval", "eval_file", type=click.Path(path_type=str), help="Also show each model's bits/char on this text.")
 @click.option("--interactive", "-i", is_flag=True, help="A prompt loop: each prompt goes to every model.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (each model's text and numbers) instead.")
 @device_option
-def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown, eval_file, interactive, device):
+def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, unknown, eval_file,
+            interactive, as_json, device):
     """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
     from charlm.comparison import Comparison
     from charlm.runtime import pick_device
@@ -777,7 +786,9 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
 
     if len(ckpts) < 2:
         raise UserError("compare needs at least two checkpoints (files or run directories)")
-    settings = SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed).validate()
+    if as_json and interactive:
+        raise UserError("--json prints one run: drop --interactive or --json")
+    settings = _settings(max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed)
     device = pick_device(device)
     loaded = [checkpoint.load(c, device=device) for c in ckpts]  # a bad one: CheckpointError naming it
     comparison = Comparison(loaded, settings, unknown=unknown)
@@ -788,6 +799,9 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, seed, unknown,
         view.notes()  # e.g. a char model that cannot read the file: said once, up front
     if interactive:
         CompareRepl(view).run()
+    elif as_json:
+        comparison.run(prompt)
+        click.echo(json.dumps(comparison.summary()))
     else:
         view.show(prompt)
 

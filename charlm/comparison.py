@@ -4,7 +4,11 @@ views/compare.py lays out what a Comparison holds.
 
 Timing is per model: a model's tokens/s counts only the time spent inside its own generation steps,
 not the time the others (or the screen) took in between. The models still share the CPU's caches while
-they take turns, so a model can measure slower here than alone (`charlm sample --stats`).
+they take turns, so a model can measure slower here than alone (`charlm sample --stats`). To keep the
+order from favouring anyone, every model is warmed up before the first timed run, and the turn order
+flips every round. Characters per second are reported beside tokens per second: a BPE token holds
+several characters, so tokens/s alone compares unlike units. How much a rate wobbles within the run (its
+range over the run's quarters, `rate_range`) tells a real difference from noise.
 """
 
 from __future__ import annotations
@@ -38,11 +42,28 @@ class Contestant:
     done: bool = False
     eval: EvalResult | None = None
     eval_note: str | None = None
+    steps: list[tuple[float, int]] = field(default_factory=list, repr=False)  # (seconds, chars) per token after the first
     stream: Iterator[str] | None = field(default=None, repr=False)
 
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
+
+    @property
+    def chars_per_s(self) -> float | None:
+        return len(self.output) / self.seconds if self.tokens and self.seconds > 0 else None
+
+    def rate_range(self, chars: bool = False, parts: int = 4) -> tuple[float, float] | None:
+        """(lowest, highest) tokens/s (or chars/s) over the `parts` quarters of the run after its first
+        token (which also holds the prompt's prefill): how much the rate wobbles. None: too few tokens."""
+        if len(self.steps) < 2 * parts:
+            return None
+        rates = []
+        for k in range(parts):
+            block = self.steps[k * len(self.steps) // parts: (k + 1) * len(self.steps) // parts]
+            seconds = sum(dt for dt, _ in block)
+            rates.append((sum(n for _, n in block) if chars else len(block)) / seconds if seconds > 0 else float("inf"))
+        return min(rates), max(rates)
 
 
 class Comparison:
@@ -72,6 +93,7 @@ class Comparison:
         for p in self.players:
             p.gen.reset()
             p.prompt, p.output, p.note, p.seconds, p.tokens, p.ttft_ms, p.done = prompt, "", None, 0.0, 0, None, False
+            p.steps = []
             try:
                 ids = p.ckpt.tokenizer.encode(prompt, unknown=self.unknown)
             except UnknownCharactersError as e:
@@ -86,27 +108,57 @@ class Comparison:
             piece = next(p.stream)
         except StopIteration:
             piece, p.done = "", True
-        p.seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        p.seconds += dt
         p.output += piece
+        if p.gen.stats.tokens > p.tokens and p.ttft_ms is not None:
+            p.steps.append((dt, len(piece)))
         p.tokens = p.gen.stats.tokens
         if p.tokens and p.ttft_ms is None:
             p.ttft_ms = p.gen.stats.ttft_ms
 
     def warm_up(self) -> None:
-        """A short untimed generation per model, so one-time setup costs (PyTorch allocates and picks
-        kernels on a model's first calls) do not land on whichever model happens to go first."""
+        """A short untimed generation by each model's own generator, so one-time setup costs (PyTorch
+        allocates, picks kernels and builds the cache on a model's first calls) land on no one's timing."""
         for p in self.players:
-            Generator(p.ckpt.model, p.ckpt.tokenizer).complete([0], SampleConfig(max_tokens=2, seed=0))
+            p.gen.complete([0], SampleConfig(max_tokens=4, seed=0))
+            p.gen.reset()
         self.warm = True
 
     def run(self, prompt: str, on_tick: Callable[[], None] | None = None) -> None:
-        """Generate from every model; on_tick() after each round (one step of each model)."""
+        """Generate from every model; on_tick() after each round (one step of each model). The order flips
+        every round: going second (after the other model warmed the CPU's caches) is no one's privilege."""
         if not self.warm:
             self.warm_up()
         self._start(prompt)
+        rounds = 0
         while not all(p.done for p in self.players):
-            for p in self.players:
+            for p in self.players if rounds % 2 == 0 else reversed(self.players):
                 if not p.done:
                     self._step(p)
+            rounds += 1
             if on_tick:
                 on_tick()
+
+    def summary(self) -> dict:
+        """What the last run did, as plain data (`compare --json`)."""
+        s = self.settings
+        models = []
+        for p in self.players:
+            d, m = p.ckpt.saved, p.ckpt.model_config
+            models.append({
+                "run": p.ckpt.name, "path": str(p.ckpt.path), "model": m.kind, "tokenizer": p.ckpt.tokenizer.kind,
+                "params": d.params, "steps": d.step, "train_seconds": round(d.train_seconds, 2),
+                "best_val_bpc": d.best_val_bpc, "eval_bpc": p.eval.bits_per_char if p.eval else None,
+                "eval_note": p.eval_note, "text": p.output, "note": p.note, "tokens": p.tokens, "chars": len(p.output),
+                "seconds": round(p.seconds, 4), "tokens_per_s": _round(p.tokens_per_s), "chars_per_s": _round(p.chars_per_s),
+                "ttft_ms": _round(p.ttft_ms, 2),
+            })
+        return {"prompt": self.players[0].prompt if self.players else "", "seed": self.last_seed,
+                "settings": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                             "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens, "stop": s.stop},
+                "eval_file": str(self.eval_path) if self.eval_path is not None else None, "models": models}
+
+
+def _round(x: float | None, digits: int = 1) -> float | None:
+    return None if x is None else round(x, digits)

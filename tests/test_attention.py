@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from rich.cells import cell_len
 from rich.console import Console
 
+from charlm import checkpoint
 from charlm.cli import main
 from charlm.config import ConfigError, ModelConfig
 from charlm.models import build_model
@@ -260,7 +261,7 @@ def test_parse_args():
     (["tokens", "x"], "tokens must be a whole number"),
     (["tokens", "0"], "tokens must be at least 1"),
     (["end", "999"], "end 999 is outside"),
-    (["focus", "Z"], "no token 'Z' in the text"),
+    (["focus", "Z"], "no 'Z' in the text the model sees"),
     (["1", "2", "3"], "at most a layer and a head"),
 ])
 def test_bad_arguments_are_one_line_config_errors(peaky, tok, args, message):
@@ -348,8 +349,115 @@ def test_attn_in_chat_in_a_real_terminal(view_runs, chat_pty):
     screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
     assert "layer 0, head 1" in screen and "tokens 3..10 of 11" in screen  # 6 typed + 5 generated tokens
     assert len([line for line in screen.splitlines() if ROW.match(line)]) == 8
+    assert "move with end N, size with tokens N" in screen  # the REPL's words, not the CLI's flags
     child.sendline("/gates")
     child.expect_exact(">>> ")
     assert "/attn" in child.before
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+# ---- issue 13: maps that fit the screen and explain themselves -----------------------------------
+
+
+def render_screen(model, tok, ids, args, width, height):
+    """What /attn draws on a terminal of width × height (colours off)."""
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None)
+    show_attention(console, model, tok, ids, args)
+    return console.file.getvalue()
+
+
+@pytest.mark.parametrize("args", [[], ["overview"], ["0", "1"]])
+def test_views_fit_the_terminal_height_with_the_legend_first(peaky, tok, args):
+    """Regression (issue 13): /attn at 120×40 printed 109 rows and the legend came last, so the column
+    header scrolled away."""
+    ids = tok.encode(TEXT)
+    screen = render_screen(peaky, tok, ids, args, width=120, height=40)
+    lines = screen.splitlines()
+    assert len(lines) <= 40 - 1, len(lines)  # and a line left for the next prompt
+    first = next(line for line in lines if not line.startswith("(the model sees the last"))
+    assert first.startswith("scale:" if not args or args[0] != "overview" else "attention overview")
+    if not args or args[0] != "overview":
+        rows = [int(ROW.match(line).group(1)) for line in lines if ROW.match(line)]
+        assert rows == list(range(len(ids) - len(rows), len(ids))) and len(rows) >= 20  # the last ones that fit
+    # a pipe is not a screen: it gets every token that fits the width
+    assert len(render(peaky, tok, ids, args, width=120)[0].splitlines()) > len(lines)
+
+
+def test_hints_name_the_cli_flags_in_the_cli_and_the_words_in_chat(view_runs, peaky, tok):
+    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--tokens", "5")
+    assert r.exit_code == 0, r.output
+    assert "move with --end N, size with --tokens N" in r.stdout
+    text, _ = render(peaky, tok, tok.encode(TEXT), ["tokens", "5"])
+    assert "move with end N, size with tokens N" in text  # the REPL's own words
+
+
+def test_focus_by_a_piece_of_text_or_a_position_and_a_miss_lists_the_nearest_tokens(peaky, tok):
+    short = TEXT[:60]  # within the model's context of 64
+    ids = tok.encode(short)
+    q = short.index("light") + len("light") - 1  # a char model: the token holding the last character, 't'
+    text, _ = render(peaky, tok, ids, ["focus", "light"], width=100)
+    assert f"what did token {q} 't' look at?" in text
+    text, _ = render(peaky, tok, ids, ["focus", "h"], width=100)  # a token's own text: its last occurrence
+    assert f"what did token {short.rindex('h')} 'h' look at?" in text
+    with pytest.raises(ConfigError) as e:
+        render(peaky, tok, ids, ["focus", "lihgt"])
+    assert "no 'lihgt' in the text the model sees" in str(e.value) and "give a position (0..59)" in str(e.value)
+    with pytest.raises(ConfigError, match="'light' is only in the text before the last 64 tokens"):
+        render(peaky, tok, tok.encode(TEXT), ["focus", "light"])  # 89 tokens: the model sees 25..88
+    bpe = BPETokenizer.train([TEXT * 20], vocab_size=300)
+    model = build_model(ModelConfig(kind="transformer", vocab_size=bpe.vocab_size, n_layers=1, d_model=16, n_heads=2,
+                                    context=64)).eval()
+    ids = bpe.encode(TEXT)
+    text, _ = render(model, bpe, ids, ["focus", "what"], width=100)  # no token is 'what': BPE has '␣what'
+    q = int(re.search(r"what did token (\d+) ", text).group(1))
+    before, upto = bpe.decode(ids[:q]), bpe.decode(ids[:q + 1])
+    assert len(before) < upto.rindex("what") + 4 <= len(upto)  # the last 'what' ends in token q
+    assert "what" not in bpe.decode(ids[q + 1:])
+    with pytest.raises(ConfigError) as e:
+        render(model, bpe, ids, ["focus", "whta"])
+    assert "no 'whta' in the text the model sees; nearest tokens: " in str(e.value)
+
+
+def test_bpe_column_labels_read_down_their_column_whole(view_runs):
+    """Regression (issue 13): BPE column headers were clipped to two characters and stacked in pieces."""
+    prompt = "JULIET:\nO Romeo, wherefore art thou"
+    r = run("attn", view_runs["bpe"], "--prompt", prompt, "--width", "100")
+    assert r.exit_code == 0, r.output
+    ck = checkpoint.load(view_runs["bpe"])
+    ids = ck.tokenizer.encode(prompt)
+    labels = [token_label(ck.tokenizer, t) for t in ids]
+    lines = r.stdout.splitlines()
+    first_row = next(k for k, line in enumerate(lines) if ROW.match(line))
+    title = next(k for k, line in enumerate(lines) if line.startswith("layer "))
+    header = lines[title + 1:first_row]
+    assert len(header) == min(6, max(len(x) for x in labels))
+    cell = 2
+    label_start = len(lines[first_row]) - 5 - cell * len(ids)  # the map's first column
+    for k, label in enumerate(labels):
+        column = "".join(line[label_start + cell * k] if label_start + cell * k < len(line) else " " for line in header)
+        assert column.rstrip() == (label if len(label) <= 6 else label[:5] + "…"), (k, label, column)
+
+
+def test_stats_explain_themselves_and_fit_60_columns(view_runs):
+    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft, what light", "--stats", "--width", "60")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert all(cell_len(line) <= 60 for line in lines)
+    heads = [line for line in lines if re.match(r"^\s*L\dH\d\s", line)]
+    assert len(heads) == 4 and all(re.search(r"\d\.\d\d\s+\d+\.\d\s+(itself|previous|\d+ back) \d+%", h) for h in heads)
+    legend = " ".join(" ".join(lines).split())
+    assert "low = focused on a few tokens, high = spread out (diffuse)" in legend
+    assert "(previous = the token just before it)" in legend
+
+
+def test_cli_attn_reads_the_prompt_from_a_file_or_stdin(view_runs, tmp_path):
+    prompt = "ROMEO:\nBut soft"
+    (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
+    direct = run("attn", view_runs["tf"], "--prompt", prompt)
+    from_file = run("attn", view_runs["tf"], "--prompt-file", tmp_path / "p.txt")
+    piped = CliRunner().invoke(main, ["attn", str(view_runs["tf"])], input=prompt)
+    assert direct.exit_code == from_file.exit_code == piped.exit_code == 0, piped.output
+    assert direct.stdout == from_file.stdout == piped.stdout
+    empty = CliRunner().invoke(main, ["attn", str(view_runs["tf"])], input="")
+    assert empty.exit_code != 0 and "no text to look at: give --prompt TEXT or --prompt-file FILE" in empty.stderr

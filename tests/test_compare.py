@@ -62,22 +62,92 @@ def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corp
     assert r.exit_code == 0, r.output
     rows = table_rows(r.stdout)
     assert set(rows) == {"cmp-lstm", "cmp-tf"}
-    # columns: params, steps, trained, val bpc, eval bpc, tok/s, TTFT
+    # columns: params, steps, trained, val bpc, eval bpc, tok/s, chars/s, TTFT
     for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf")):
         ck = checkpoint.load(cmp_runs[key])
-        params, steps, _, val, ev, tps, ttft = rows[name]
+        params, steps, _, val, ev, tps, cps, ttft = rows[name]
         assert params == f"{ck.saved.params / 1e3:.3g}k" and steps == "30"
         assert float(val.rstrip("*")) == pytest.approx(ck.saved.best_val_bpc, abs=6e-4)
         alone = json.loads(run("eval", cmp_runs[key], cmp_corpus, "--json").stdout)
         assert float(ev.rstrip("*")) == pytest.approx(alone["bits_per_char"], abs=6e-4)
         assert float(tps.rstrip("*").replace(",", "")) > 0 and float(ttft.rstrip("*")) > 0
-    for col in (3, 4, 6):  # val bpc, eval bpc, TTFT: lowest is best, marked with * in plain output
+        assert cps.rstrip("*") == tps.rstrip("*")  # a char model: one character per token
+    for col in (3, 4):  # val bpc, eval bpc: lowest is best, marked with * in plain output
         values = {n: float(cells[col].rstrip("*")) for n, cells in rows.items()}
         starred = [n for n, cells in rows.items() if cells[col].endswith("*")]
         assert starred == [min(values, key=values.get)]
-    values = {n: float(cells[5].rstrip("*").replace(",", "")) for n, cells in rows.items()}
-    assert [n for n, c in rows.items() if c[5].endswith("*")] == [max(values, key=values.get)]
     assert "eval bpc: bits/char on rhymes.txt" in r.stdout and "seed 1" in r.stdout
+
+
+def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
+    """Regression (issue 13): a checkpoint compared with itself always starred the second copy's speed and TTFT."""
+    cks = [checkpoint.load(cmp_runs["tf"]), checkpoint.load(cmp_runs["tf"])]
+    comparison = Comparison(cks, SampleConfig(max_tokens=40, seed=1))
+    view = CompareView(comparison, Console(file=io.StringIO(), width=120))  # plain: the best is starred
+    comparison.run("the")
+    a, b = comparison.players
+    assert a.output == b.output and len(a.steps) == 39  # every token after the first is timed
+
+    def starred() -> list[str]:
+        cols, cells = view.columns()
+        return [f"{col} {k}" for k, row in enumerate(cells) for col, cell in zip(cols, row)
+                if cell.plain.endswith("*") and col in ("tok/s", "chars/s", "TTFT")]
+
+    b.steps, b.seconds, b.ttft_ms = list(a.steps), a.seconds, a.ttft_ms * 1.4  # the same speed; TTFT 40% apart
+    assert starred() == []
+    b.steps = [(dt * 1.05, n) for dt, n in a.steps]  # 5% slower throughout: within a's own wobble
+    assert starred() == []
+    b.steps, b.ttft_ms = [(dt * 10, n) for dt, n in a.steps], a.ttft_ms * 3  # ten times slower throughout
+    assert starred() == ["tok/s 0", "chars/s 0", "TTFT 0"]
+    assert "timings only beyond their noise" in " ".join(view.notes_lines())
+
+
+def test_chars_per_second_beside_tokens_per_second(cmp_runs):
+    r = run("compare", cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the", "-n", "30", "--seed", "1", "--json")
+    assert r.exit_code == 0, r.output
+    tf, bpe = json.loads(r.stdout)["models"]
+    for m in (tf, bpe):
+        assert m["chars"] == len(m["text"]) and m["chars_per_s"] == pytest.approx(m["chars"] / m["seconds"], rel=0.01)
+        assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"], rel=0.01)
+    assert tf["chars"] == tf["tokens"] == 30
+    assert bpe["tokens"] == 30 and bpe["chars"] > 30  # a BPE token holds several characters
+
+
+def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
+    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "40", "--seed", "3",
+            "--repetition-penalty", "1.3", "--stop", "the", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["prompt"] == "the cat" and out["seed"] == 3
+    assert out["settings"]["repetition_penalty"] == 1.3 and out["settings"]["stop"] == ["the"]
+    for m, key in zip(out["models"], ("lstm", "bpe")):
+        ck = checkpoint.load(cmp_runs[key])
+        alone = Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("the cat"), SampleConfig(
+            max_tokens=40, seed=3, repetition_penalty=1.3, stop=["the"]))
+        assert m["text"] == alone and "the" not in m["text"]
+        assert m["run"] == f"cmp-{key}" and m["steps"] == 30 and m["best_val_bpc"] > 0
+    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "--json")
+    assert r.exit_code != 0 and "drop --interactive or --json" in r.stderr
+
+
+def test_at_60_columns_every_column_and_whole_names_are_shown(cmp_runs, tmp_path):
+    names = ["tinyshakespeare-transformer-char", "tinyshakespeare-transformer-bpe"]  # as `charlm train` names runs
+    cks = [checkpoint.load(cmp_runs[key]) for key in ("tf", "bpe")]
+    for ck, name in zip(cks, names):
+        ck.saved.run_name = name
+    for width in (60, 44):
+        console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+        view = CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console)
+        view.show("the")
+        screen = console.file.getvalue().split("\x1b[?25h")[-1]  # what is left after the live panels
+        lines = screen.splitlines()
+        for name in names:
+            assert name in lines, (width, screen)  # each name whole, on its own line
+        for col in ("params", "steps", "trained", "val bpc", "tok/s", "chars/s", "TTFT"):
+            assert screen.count(col + " ") >= 2, (col, screen)  # every column, for every model
+        assert all(len(line) <= width for line in lines)
+        notes = " ".join(line.strip() for line in lines if line.strip() and not line.startswith(" "))
+        assert "timings only beyond their noise: a rate when its slowest quarter of the run beats every other's" in notes
 
 
 def test_a_prompt_one_char_model_cannot_encode_is_noted_for_that_model_only(cmp_runs, tmp_path):
@@ -174,7 +244,7 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
     finally:
         child.close()
     assert child.exitstatus == 0
-    # Ctrl-C stops a long generation and returns to the prompt; Ctrl-C at an empty prompt leaves
+    # Ctrl-C stops a long generation and returns to the prompt; Ctrl-C at an empty prompt says how to leave
     child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
                                            "-n", "1000000"], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
     try:
@@ -185,6 +255,9 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
         child.expect("stopped")
         child.expect(">>> ")
         child.sendintr()
+        child.expect_exact("Ctrl-D or /bye leaves")
+        child.expect(">>> ")
+        child.sendline("/bye")
         child.expect(pexpect.EOF)
     finally:
         child.close()
@@ -223,7 +296,7 @@ def test_interactive_set_changes_the_next_prompts_settings_and_is_not_sent_as_a_
         assert "seed = 9" in ask(child, "/set seed 9")
         assert "bad value for top_p" in ask(child, "/set top_p 2")
         caption = " ".join(ask(child, "the cat").split())  # the table's caption (wrapped): the settings this run used
-        assert "seed 9 · temperature 0 best of each column" in caption
+        assert "seed 9 · temperature 0 best of each column" in caption and "chars/s" in caption
         child.sendline("/quit")
         child.expect(pexpect.EOF)
     finally:
@@ -235,9 +308,9 @@ def test_interactive_help_lists_the_shared_commands_and_chat_only_ones_get_a_hin
     child = compare_pty(cmp_runs, tmp_path)
     try:
         screen = ask(child, "/help")
-        assert "/set KEY VALUE: temperature" in screen and "/quit" in screen and '"""' in screen
+        assert "/set KEY VALUE: temperature" in screen and "/bye" in screen and '"""' in screen
         assert "/attn" not in screen and "/mode" not in screen
-        for command in ("/attn", "/gates 0", "/mode continue"):
+        for command in ("/attn", "/gates 0", "/mode continue", "/load x", "/clear"):
             screen = ask(child, command)
             assert "works on one model's running text: use it in 'charlm chat CKPT'" in screen, command
             assert "tok/s" not in screen and "Traceback" not in screen

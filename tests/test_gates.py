@@ -20,7 +20,7 @@ from charlm.models import build_model
 from charlm.models.probes import trace_model, trace_rnn
 from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
-from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index
+from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, shade_index
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
@@ -153,11 +153,17 @@ def test_gate_cells_are_the_right_shades(tok, ascii):
             want = [ramp[shade_index(float(v), 1.0, len(ramp))] for v in t.gates[name][0, :, unit]]
             assert list(cells) == want, (name, unit)
             assert float(line[-4:]) == pytest.approx(float(t.gates[name][0, :, unit].mean()), abs=0.006)
+    pos, neg = SIGNED_RAMPS[ascii]
     for unit, line in shown["cell"].items():  # each unit scaled to its own largest |c|
-        c = t.c[0, :, unit].abs()
+        signed = t.c[0, :, unit]
+        c = signed.abs()
         assert float(line[-4:]) == pytest.approx(float(c.max()), abs=0.006)
         cells = line[len(line) - 5 - 2 * n: len(line) - 5][::2]
-        assert cells[int(c.argmax())] == ramp[-1]
+        assert cells[int(c.argmax())] == (neg if signed[int(c.argmax())] < 0 else pos)[-1]
+        # the sign is in the glyph itself, readable without colour (piped, NO_COLOR)
+        for glyph, value in zip(cells, signed.tolist()):
+            want = (neg if value < 0 else pos)[shade_index(abs(value), float(c.max()), len(pos))]
+            assert glyph == want, (unit, value)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -240,3 +246,42 @@ def test_gates_in_chat_in_a_real_terminal(view_runs, chat_pty):
     assert "/gates" in child.before
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+# ---- issue 13: maps that fit the screen and read without colour ----------------------------------
+
+
+@pytest.mark.parametrize("kind,height", [("lstm", 40), ("gru", 40), ("lstm", 30)])
+def test_gates_fit_the_terminal_height_with_the_legends_first(tok, kind, height):
+    """Regression (issue 13): gates at 120×40 took ~48 lines with the legend at the very end."""
+    model = rnn_model(kind, tok)
+    console = Console(width=120, height=height, file=io.StringIO(), force_terminal=True, color_system=None)
+    show_gates(console, model, tok, tok.encode(TEXT), [])
+    lines = console.file.getvalue().splitlines()
+    assert len(lines) <= height - 1, len(lines)  # and a line left for the next prompt
+    assert lines[0].startswith("scale: ") and lines[1].startswith("sign: + ")
+    shown = panels("\n".join(lines))
+    assert 1 <= len(shown["forget" if kind == "lstm" else "update"]) < 8  # fewer units than the default 8
+    assert len(panels(render(model, tok, []))["cell" if kind == "lstm" else "hidden"]) == 8  # a pipe: all 8
+
+
+def test_the_sign_legend_shows_both_glyph_families(tok):
+    text = render(rnn_model("lstm", tok), tok, ["units", "3"])
+    pos, neg = SIGNED_RAMPS[False]
+    assert f"sign: + {pos[1:]}  − {neg[1:]}" in text
+    ascii_text = render(rnn_model("lstm", tok), tok, ["units", "3", "ascii"])
+    pos, neg = SIGNED_RAMPS[True]
+    assert f"sign: + {pos[1:]}  - {neg[1:]}" in ascii_text and all(ord(ch) < 128 for ch in ascii_text)
+
+
+def test_cli_gates_reads_the_prompt_from_a_file_or_stdin_and_names_its_flags(view_runs, tmp_path):
+    prompt = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"
+    (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
+    direct = run("gates", view_runs["lstm"], "--prompt", prompt, "--tokens", "10")
+    from_file = run("gates", view_runs["lstm"], "--prompt-file", tmp_path / "p.txt", "--tokens", "10")
+    piped = CliRunner().invoke(main, ["gates", str(view_runs["lstm"]), "--tokens", "10"], input=prompt)
+    assert direct.exit_code == from_file.exit_code == piped.exit_code == 0, piped.output
+    assert direct.stdout == from_file.stdout == piped.stdout
+    assert "showing tokens 39..48; move with --end N, size with --tokens N" in direct.stdout
+    r = run("gates", view_runs["lstm"], "--prompt", "x", "--prompt-file", tmp_path / "p.txt")
+    assert r.exit_code != 0 and "give --prompt or --prompt-file, not both" in r.stderr

@@ -167,12 +167,76 @@ def test_ctrl_c_drops_a_half_typed_line_and_ctrl_d_leaves_keeping_the_history(ge
     assert "/set temperature 0" in history and "ROMEO:" in history and "half a lin" not in history
 
 
-def test_ctrl_c_at_an_empty_prompt_leaves(gen_runs, tmp_path):
-    child = spawn(gen_runs["tf"], tmp_path)
-    child.sendintr()
+def test_ctrl_c_twice_stops_the_reply_then_says_how_to_leave_and_keeps_the_session(gen_runs, chat_pty):
+    """Regression (issue 13): the second Ctrl-C, at the empty prompt, quit and lost the running text and settings."""
+    child = start(chat_pty, gen_runs["tf"], "--max-tokens", "100000000")
+    say(child, "/set temperature 0")
+    say(child, "/mode continue")
+    child.sendline("ROMEO:")
+    child.expect_exact("wherefore")
+    child.sendintr()  # one: stops the reply
+    child.expect(r"stopped · [\d,]+ tokens")
+    child.expect_exact(">>> ")
+    child.sendintr()  # two, at the empty prompt: a hint, and the same prompt again
+    child.expect_exact("Ctrl-D or /bye leaves")
+    child.expect_exact(">>> ")
+    screen = say(child, "/show")
+    assert re.search(r"temperature\s+0\.0", screen) and re.search(r"mode\s+continue", screen)
+    assert not re.search(r"running text\s+0 tokens", screen)  # the text is still there
+    child.sendline("/bye")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_a_bracketed_paste_of_several_lines_is_one_prompt(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "20")
+    child.send("\x1b[200~JULIET:\nO Romeo\x1b[201~")  # what a terminal sends for a pasted "JULIET:\nO Romeo"
+    child.send("\r")
+    child.expect_exact(">>> ")
+    assert child.before.endswith("\x1b[?2004h")  # the terminal is asked to bracket pastes (CPython turns it off)
+    screen = plain(child.before)
+    assert screen.count("tokens/s") == 1  # one reply, not one per pasted line
+    assert "JULIET:\nO Romeo, Romeo! wherefore" in screen  # the model continued both lines together
+    assert "unknown command" not in screen
+    leave(child)
+
+
+def test_ollama_habits_bye_clear_set_parameter_and_question_mark(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--max-tokens", "5", "--mode", "continue")
+    assert "temperature = 0.5" in say(child, "/set parameter temperature 0.5")
+    assert "/load CKPT" in say(child, "/?") and "/bye" in say(child, "/?")
+    say(child, "ROMEO:")
+    assert "empty" in say(child, "/clear")
+    assert re.search(r"running text\s+0 tokens", say(child, "/show"))
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_load_switches_the_model_and_keeps_the_settings(gen_runs, chat_pty, tmp_path):
+    child = start(chat_pty, gen_runs["tf"], "--max-tokens", "5")
+    say(child, "/set temperature 0")
+    say(child, "ROMEO:")
+    screen = say(child, f"/load {tmp_path / 'nothing'}")
+    assert "no such checkpoint" in screen and f"still talking to {gen_runs['tf'].name}" in screen
+    screen = say(child, f"/load {gen_runs['lstm']}")
+    assert f"loaded {gen_runs['lstm'].name} (lstm" in screen
+    screen = say(child, "/show")
+    assert "lstm (1 layer × 48" in screen and re.search(r"temperature\s+0\.0", screen)
+    assert re.search(r"running text\s+0 tokens", screen)
+    assert "state after 6 tokens (no context limit)" in say(child, "R")  # the LSTM answers now
+    leave(child)
+
+
+def test_the_prompt_is_shown_as_the_model_got_it(gen_runs, chat_pty):
+    child = start(chat_pty, gen_runs["tf"], "--temperature", "0", "--max-tokens", "3", "--unknown", "drop")
+    screen = say(child, "ROMüEO:")
+    assert "dropped 1 character the model never saw: 'ü'" in screen
+    echoed = screen.split("'ü'", 1)[1]  # after the hint: the prompt the model got, then its reply
+    assert "ROMEO:" in echoed and "ROMüEO" not in echoed
+    leave(child)
 
 
 def chat_piped(run, tmp_path, lines: list[str], *args) -> subprocess.CompletedProcess:

@@ -15,7 +15,8 @@ heads count from 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, replace
 
 import numpy as np
 from rich import box
@@ -26,8 +27,8 @@ from rich.text import Text
 
 from charlm.config import ConfigError
 from charlm.models.probes import HeadStats, capture_attention, head_stats
-from charlm.views.heatmap import (MAX_LABEL, clip_label, fit_map, heatmap_lines, legend, level_style, pad, print_blocks,
-                                  ramp, shade_index, token_label, use_ascii, window)
+from charlm.views.heatmap import (ASCII_PROSE, MAX_HEADER, MAX_LABEL, clip_label, fit_map, heatmap_lines, legend, level_style, pad,
+                                  print_blocks, ramp, shade_index, token_label, use_ascii, window)
 
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -38,7 +39,8 @@ HELP = """/attn                 the last layer, mean over its heads (rows: token
 /attn L               layer L, mean over its heads (also: /attn L mean)
 /attn overview        every layer × head as small maps
 /attn stats           entropy and mean distance of every head
-/attn focus [N|TEXT]  what one token looked at (default: the last token)
+/attn focus [N|TEXT]  what one token looked at: a position, or text (the last token of its last
+                      occurrence); default: the last token
 add: tokens N · end N (show the tokens before position N) · top K (focus list)
      abs (weight 1 is darkest, not each row's largest) · ascii (plain characters)"""
 
@@ -56,6 +58,8 @@ class AttnOptions:
     scale: str = "row"  # row: shade relative to each row's largest weight; abs: weight 1 is darkest
     ascii: bool = False
     top: int = 10  # keys listed by the focus view
+    height: int | None = None  # the screen's rows: the map and overview shrink to fit (None: no limit)
+    flags: bool = False  # hints name the command line's flags (--end N), not the REPL's words (end N)
 
     @property
     def show_map(self) -> bool:
@@ -132,7 +136,10 @@ def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int,
     label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
     row_w = digits + 1 + label_w + 1  # "<pos> <token> "
     note_w = 5  # " 0.93": the row's largest weight
-    start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end)
+    header = min(MAX_HEADER, max(len(x) for x in labels))
+    # one row per token: besides them, the legend (2 lines), title, column labels, footer, a note, the prompt
+    rows = opts.height - 7 - header if opts.height else None
+    start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows)
     n = stop - start
     a, b = start - offset, stop - offset
     values = w[a:b, a:b]
@@ -144,15 +151,20 @@ def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int,
     row_labels = [pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
                   for p in range(start, stop)]
     notes = [f" {m:.2f}" for m in row_max]
-    lines = [Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim")]
-    lines += heatmap_lines(values, row_labels, [clip_label(labels[p - offset], 4, ascii) for p in range(start, stop)],
-                           vmax=vmax, drawn=drawn, ascii=ascii, cell=cell, row_notes=notes)
+    # the legend first: what the shades mean stays on screen above the map, never scrolls away below it
     what = ("each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1")
-    lines.append(legend(ascii, "1" if opts.scale == "abs" else "row max", what))
-    lines.append(Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"))
+    lines = [legend(ascii, "1" if opts.scale == "abs" else "row max", what),
+             Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
+             Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim")]
+    lines += heatmap_lines(values, row_labels, [labels[p - offset] for p in range(start, stop)],
+                           vmax=vmax, drawn=drawn, ascii=ascii, cell=cell, row_notes=notes)
     if start > 0 or stop < len(ids):
-        lines.append(Text(f"showing tokens {start}..{stop - 1}; move with end N, size with tokens N", style="dim"))
+        lines.append(Text(f"showing tokens {start}..{stop - 1}; {_move_hint(opts)}", style="dim"))
     return lines
+
+
+def _move_hint(opts: AttnOptions) -> str:
+    return "move with --end N, size with --tokens N" if opts.flags else "move with end N, size with tokens N"
 
 
 def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, width: int, opts: AttnOptions,
@@ -164,6 +176,9 @@ def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, 
     size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
     if size < 2:
         raise ConfigError(f"width {width} is too narrow for the overview")
+    if opts.height and not opts.tokens:  # every layer's row of maps on one screen: smaller maps, down to 6 tokens
+        tiles_down = L * -(-H // max(1, (width + gap) // (max(size, 6) + gap)))
+        size = max(6, min(size, (opts.height - 6) // tiles_down - 2))
     start, stop = window(offset, len(ids), size, size, opts.end)
     n = stop - start
     tile = max(n, 6)  # room for a title like "L0H1"
@@ -195,8 +210,8 @@ def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, 
             out += block
     text = "".join(token_label(tokenizer, t, ascii) for t in ids[start:stop])
     out.append(Text("text: ", style="dim") + Text(clip_label(text, max(1, width - 6), ascii)))
-    out.append(Text("d: mean distance looked back (tokens) · a bright diagonal is a local head, "
-                    "spread-out columns a global one", style="dim"))
+    out.insert(1, Text("d: mean distance looked back (tokens) · a bright diagonal is a local head, "
+                       "spread-out columns a global one", style="dim"))
     out += [_extremes(list(stats.values()))]
     return out
 
@@ -212,13 +227,16 @@ def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table,
     stats = head_stats(weights)
     local = min(stats, key=lambda s: s.distance)
     far = max(stats, key=lambda s: s.distance)
+    # narrow headers, so the table keeps one line per head at 60 columns; the legend line says what they mean
     table = Table(title=f"attention heads over {n_tokens} tokens", title_justify="left",
-                  box=box.ASCII if ascii else box.SIMPLE_HEAD)
-    table.add_column("head")
-    table.add_column("entropy (bits)", justify="right")
-    table.add_column("mean distance", justify="right")
-    table.add_column("strongest key", justify="right")
-    table.add_column("")
+                  box=box.ASCII if ascii else box.SIMPLE_HEAD,
+                  caption=Text(STATS_LEGEND.translate(ASCII_PROSE) if ascii else STATS_LEGEND, style="dim"),
+                  caption_justify="left")
+    table.add_column("head", no_wrap=True)
+    table.add_column("entropy", justify="right", no_wrap=True)
+    table.add_column("distance", justify="right", no_wrap=True)
+    table.add_column("top key", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
     for s in stats:
         where = {0: "itself", 1: "previous"}.get(s.offset, f"{s.offset} back")
         tag = "most local" if s is local else "most global" if s is far else ""
@@ -227,7 +245,15 @@ def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table,
     return table, _extremes(stats)
 
 
+STATS_LEGEND = ("entropy (bits): low = focused on a few tokens, high = spread out (diffuse) · distance: tokens looked "
+                "back, on average · top key: where each token's strongest key most often is (previous = the token "
+                "just before it) and how often")
+
+
 def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
+    """The position `focus` names: a number (negative: from the end), a token's text (as shown, e.g.
+    '␣what', or as written, ' what'), else a piece of the text: the token holding its last character, in
+    its last occurrence the model sees. On a miss, the error lists the nearest tokens."""
     if focus == "":
         return len(ids) - 1
     try:
@@ -237,7 +263,21 @@ def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
             text = tokenizer.token_bytes(ids[p]).decode("utf-8", errors="replace")
             if focus in (text, token_label(tokenizer, ids[p]), token_label(tokenizer, ids[p], ascii=True)):
                 return p
-        raise ConfigError(f"no token '{focus}' in the text: give a position (0..{len(ids) - 1}) or a token's text")
+        pieces = [tokenizer.token_bytes(t) for t in ids[offset:]]
+        at = b"".join(pieces).rfind(focus.encode("utf-8"))
+        if at >= 0:
+            last, end = at + len(focus.encode("utf-8")) - 1, 0
+            for p, piece in enumerate(pieces):
+                end += len(piece)
+                if end > last:
+                    return offset + p
+        if offset and focus.encode("utf-8") in b"".join(tokenizer.token_bytes(t) for t in ids):
+            raise ConfigError(f"'{focus}' is only in the text before the last {len(ids) - offset} tokens, which the "
+                              f"model sees: give a position ({offset}..{len(ids) - 1}) or later text")
+        shown = sorted({token_label(tokenizer, t) for t in ids[offset:]})
+        near = difflib.get_close_matches(focus, shown, n=5, cutoff=0.3)
+        hint = f"; nearest tokens: {', '.join(repr(t) for t in near)}" if near else ""
+        raise ConfigError(f"no '{focus}' in the text the model sees{hint}; or give a position ({offset}..{len(ids) - 1})")
     pos = pos if pos >= 0 else len(ids) + pos
     if not offset <= pos < len(ids):
         raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
@@ -320,6 +360,8 @@ def render_attention(console: Console, model, tokenizer, ids: list[int], opts: A
     _check_choice(opts, model.cfg.n_layers, model.cfg.n_heads)  # a bad choice fails before the forward pass
     offset, weights = capture_attention(model, ids)
     ascii = use_ascii(console, opts.ascii)
+    if opts.height is None and console.is_terminal:  # a screen: fit its height too (a pipe scrolls freely)
+        opts = replace(opts, height=console.height)
     print_blocks(console, attention_blocks(tokenizer, ids, offset, weights, opts, console.width, ascii), ascii)
 
 

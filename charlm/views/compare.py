@@ -20,11 +20,14 @@ from rich.text import Text
 
 from charlm.comparison import Comparison, Contestant
 from charlm.models import count_params
-from charlm.views.repl import Hint, Session
+from charlm.views.repl import LEAVE_HINT, Hint, Session
 from charlm.views.text import safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
+# Timings are starred only beyond their noise. A rate (tok/s, chars/s): when its slowest quarter of the run
+# beats every other model's fastest quarter. TTFT is one measurement per model, of a millisecond or so that a
+# busy CPU can stretch tenfold: only when half of every other's.
 
 
 def human(n: float) -> str:
@@ -41,6 +44,37 @@ def _seconds(s: float) -> str:
 
 def _finite(x) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _best(values: list, margin: float) -> int | None:
+    """The index of the lowest value, when there are two or more to compare and it is below every other
+    by more than `margin` (a fraction of theirs; 0: strictly below)."""
+    known = sorted((v, i) for i, v in enumerate(values) if v is not None)
+    if len(known) < 2:
+        return None
+    (low, i), (runner_up, _) = known[0], known[1]
+    return i if low < runner_up * (1 - margin) else None
+
+
+def _fastest(ranges: list) -> int | None:
+    """The index of the (lowest, highest) rate range that lies wholly above every other, if one does."""
+    known = [(r, i) for i, r in enumerate(ranges) if r is not None]
+    if len(known) < 2:
+        return None
+    (lo, _), i = max(known, key=lambda k: k[0][0])
+    return i if all(lo > hi for (_, hi), j in known if j != i) else None
+
+
+def _pack(items: list[Text], width: int, sep: Text) -> list[Text]:
+    """Items joined by sep into lines of at most `width` cells, never breaking an item."""
+    lines = [Text()]
+    for item in items:
+        if lines[-1].plain and lines[-1].cell_len + sep.cell_len + item.cell_len > width:
+            lines.append(Text())
+        if lines[-1].plain:
+            lines[-1].append_text(sep)
+        lines[-1].append_text(item)
+    return lines
 
 
 def header(p: Contestant) -> tuple[Text, Text]:
@@ -92,17 +126,24 @@ class CompareView:
         """Generate and display: live columns on a terminal, plain blocks otherwise; then the table."""
         if self.console.is_terminal:
             last = 0.0
-            with Live(self.panels(), console=self.console, auto_refresh=False, vertical_overflow="ellipsis") as live:
-                def tick():
-                    nonlocal last
-                    if time.perf_counter() - last >= 1 / FPS:
-                        live.update(self.panels(), refresh=True)
-                        last = time.perf_counter()
+            live = Live(self.panels(), console=self.console, auto_refresh=False, vertical_overflow="ellipsis")
 
-                try:
-                    self.comparison.run(prompt, tick)
-                finally:
+            def tick():
+                nonlocal last
+                if time.perf_counter() - last >= 1 / FPS:
                     live.update(self.panels(), refresh=True)
+                    last = time.perf_counter()
+
+            # not `with Live(...)`: a Ctrl-C inside Live's own first paint would skip its __exit__ and leave
+            # it hooked to the console, redrawing the panels under every later line; stop() always runs here
+            try:
+                live.start(refresh=True)
+                self.comparison.run(prompt, tick)
+            finally:
+                try:
+                    live.update(self.panels(), refresh=True)
+                finally:
+                    live.stop()
         else:
             self.comparison.run(prompt)
             for p in self.players:
@@ -110,20 +151,17 @@ class CompareView:
                 self.console.print(Text("== ") + title + Text(f" ({sub.plain}) =="), soft_wrap=True)
                 self.console.print(Text(safe_text(p.note or p.prompt + p.output)), soft_wrap=True)
                 self.console.print()
-        table = self.table()
-        if self.console.is_terminal:
-            self.console.print(table)
-        else:  # a file or a pipe has no width: print the whole table rather than squeeze it into 80 columns
-            wide = self.console.measure(table, options=self.console.options.update_width(1000)).maximum
-            Console(file=self.console.file, width=max(self.console.width, wide), highlight=False).print(table)
+        self.results()
 
-    def table(self) -> Table:
+    def columns(self) -> tuple[list[str], list[list[Text]]]:
+        """The results' column names, and per model its cells (the best of a column styled, or starred
+        when the output is plain)."""
         plain = not self.console.is_terminal
         cols = ["params", "steps", "trained", "val bpc"]
         if self.eval_path is not None:
             cols.append("eval bpc")
-        cols += ["tok/s", "TTFT"]
-        # (value, text) per model per column; value None: nothing to compare
+        cols += ["tok/s", "chars/s", "TTFT"]
+        # (value, text) per model per column; value None: nothing to compare; lower values are better
         rows = []
         for p in self.players:
             d = p.ckpt.saved
@@ -134,34 +172,64 @@ class CompareView:
             if self.eval_path is not None:
                 e = p.eval.bits_per_char if p.eval else None
                 row.append((e, f"{e:.3f}" if e is not None else "—"))
-            tps = p.tokens_per_s
-            row.append((-tps if tps else None, f"{tps:,.0f}" if tps else "—"))  # negated: higher is better
+            for chars, rate in ((False, p.tokens_per_s), (True, p.chars_per_s)):
+                row.append((p.rate_range(chars), f"{rate:,.0f}" if rate else "—"))
             row.append((p.ttft_ms, f"{p.ttft_ms:.1f}" if p.ttft_ms is not None else "—"))
             rows.append(row)
-        # the best (lowest) value of each measured column; params, steps and time describe the runs
-        best = []
-        for i in range(len(cols)):
-            values = [r[i][0] for r in rows if r[i][0] is not None]
-            best.append(min(values) if len(values) > 1 else None)
+        # the best of each measured column (params, steps and time describe the runs); a timing only when
+        # it stands out of the noise
+        best = [_fastest([r[i][0] for r in rows]) if c in ("tok/s", "chars/s") else
+                _best([r[i][0] for r in rows], 0.5 if c == "TTFT" else 0.0) for i, c in enumerate(cols)]
+        cells = [[Text(text + ("*" if i == best[c] and plain else ""), style="bold green" if i == best[c] else "")
+                  for c, (_, text) in enumerate(row)] for i, row in enumerate(rows)]
+        return cols, cells
+
+    def notes_lines(self) -> list[str]:
+        """What the columns mean and how this run was made (printed under the results)."""
         s = self.settings
         lines = ["val bpc: best validation bits/char in training (each on its own corpus)"]
         if self.eval_path is not None:
             lines.append(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file")
-        lines.append(f"tok/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · temperature {s.temperature:g}"
-                     + (f" · top-k {s.top_k}" if s.top_k else "") + (f" · top-p {s.top_p:g}" if s.top_p < 1 else ""))
-        lines.append("best of each column " + ("marked *" if plain else "in green"))
-        table = Table(caption=Text("\n".join(lines), style="dim"), caption_justify="left", box=box.SIMPLE_HEAD,
-                      show_edge=False, collapse_padding=True)
-        table.add_column("model", min_width=8, overflow="fold")  # wrapped, never cut: names tell runs apart
+        lines.append(f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
+                     f"temperature {s.temperature:g}" + (f" · top-k {s.top_k}" if s.top_k else "")
+                     + (f" · top-p {s.top_p:g}" if s.top_p < 1 else "")
+                     + (f" · repetition penalty {s.repetition_penalty:g}" if s.repetition_penalty != 1 else ""))
+        mark = "marked *" if not self.console.is_terminal else "in green"
+        lines.append(f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "
+                     "of the run beats every other's fastest, TTFT when half of every other's")
+        return lines
+
+    def table(self) -> Table:
+        cols, cells = self.columns()
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+        table.add_column("model", no_wrap=True)  # never folded: too narrow for it, results() lists instead
         for c in cols:
             table.add_column(c, justify="right", no_wrap=True)
-        for p, row in zip(self.players, rows):
-            cells = [Text(safe_text(p.ckpt.name))]
-            for i, (value, text) in enumerate(row):
-                is_best = value is not None and value == best[i]
-                cells.append(Text(text + ("*" if is_best and plain else ""), style="bold green" if is_best else ""))
-            table.add_row(*cells)
+        for p, row in zip(self.players, cells):
+            table.add_row(Text(safe_text(p.ckpt.name)), *row)
         return table
+
+    def results(self) -> None:
+        """The table, or on a terminal too narrow for it, one block per model with every column (a
+        squeezed table would drop columns and fold names mid-word); then the notes, wrapped at words."""
+        table = self.table()
+        notes = Text("\n".join(self.notes_lines()), style="dim")
+        wide = self.console.measure(table, options=self.console.options.update_width(1000)).maximum
+        if not self.console.is_terminal:  # a file or a pipe has no width: print the whole table
+            out = Console(file=self.console.file, width=max(self.console.width, wide), highlight=False)
+            out.print(table)
+            out.print(notes, soft_wrap=True)
+            return
+        if wide <= self.console.width:
+            self.console.print(table)
+        else:
+            cols, cells = self.columns()
+            for p, row in zip(self.players, cells):
+                self.console.print(Text(safe_text(p.ckpt.name), style="bold"))
+                items = [Text(f"{c} ", style="dim") + cell for c, cell in zip(cols, row)]
+                for line in _pack(items, self.console.width - 2, Text(" · ", style="dim")):
+                    self.console.print(Text("  ") + line, no_wrap=True, overflow="fold")
+        self.console.print(notes)
 
     def notes(self) -> None:
         for p in self.players:
@@ -173,7 +241,7 @@ class CompareRepl(Session):
     """`charlm compare -i`: chat's input loop and its shared commands (/set, /help, /quit); each prompt goes to
     every model. On a terminal it prompts; otherwise each line of stdin is a prompt and hints go to stderr."""
 
-    CHAT_ONLY = ("/show", "/reset", "/mode", "/attn", "/gates", "/save")  # about one model's running text
+    CHAT_ONLY = ("/show", "/clear", "/reset", "/load", "/mode", "/attn", "/gates", "/save")  # one model's running text
 
     def __init__(self, view: CompareView, interactive: bool | None = None):
         comparison = view.comparison
@@ -182,12 +250,12 @@ class CompareRepl(Session):
 
     def banner(self) -> None:
         self.console.print(Text("type a prompt: every model continues it · /help for commands · "
-                                "Ctrl-C stops a generation · /quit or Ctrl-D leaves", style="dim"), soft_wrap=True)
+                                f"Ctrl-C stops a generation · {LEAVE_HINT}", style="dim"), soft_wrap=True)
 
     def own_command(self, name: str, rest: str) -> None:
         if name in self.CHAT_ONLY:
             raise Hint(f"{name} works on one model's running text: use it in 'charlm chat CKPT'; "
-                       "compare -i has /set, /help and /quit")
+                       "compare -i has /set, /help and /bye")
         super().own_command(name, rest)
 
     def generate(self, prompt: str) -> None:

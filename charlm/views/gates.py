@@ -10,7 +10,7 @@ units count from 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from rich.console import Console
@@ -18,8 +18,8 @@ from rich.text import Text
 
 from charlm.config import ConfigError
 from charlm.models.probes import LayerTrace, trace_gates
-from charlm.views.heatmap import (clip_label, fit_map, heatmap_lines, legend, pad, print_blocks, spark_line,
-                                  token_label, use_ascii)
+from charlm.views.heatmap import (MAX_HEADER, fit_map, heatmap_lines, legend, pad, print_blocks, signed_legend,
+                                  spark_line, token_label, use_ascii)
 
 DEFAULT_UNITS = 8
 
@@ -46,6 +46,8 @@ class GateOptions:
     tokens: int | None = None
     end: int | None = None
     ascii: bool = False
+    height: int | None = None  # the screen's rows: fewer units by default so every panel fits (None: no limit)
+    flags: bool = False  # hints name the command line's flags (--end N), not the REPL's words (end N)
 
 
 def parse_units(text: str) -> int | list[int]:
@@ -113,12 +115,21 @@ def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: 
     start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end)
     a, b = start - offset, stop - offset
     gates = {name: v[0, a:b].float().cpu().numpy() for name, v in trace.gates.items()}  # (n, H)
-    units = choose_units(gates, kind, opts.units, hidden)
-    col_labels = [clip_label(labels[p - offset], 4, ascii) for p in range(start, stop)]
+    col_labels = [labels[p - offset] for p in range(start, stop)]
+    header = min(MAX_HEADER, max(len(x) for x in col_labels))
+    n_maps = len(PANELS[kind]) + 1  # the gates, then the state
+    units = opts.units
+    if units is None and opts.height:  # each map: a blank, its title, the column labels, one row per unit
+        units = max(1, min(DEFAULT_UNITS, hidden, (opts.height - 9) // n_maps - 2 - header))
+    units = choose_units(gates, kind, units, hidden)
     row_labels = [f"u{u}" for u in units]
 
     how = "chosen" if isinstance(opts.units, list) else "whose gates change most"
-    lines = []
+    sym = "c" if trace.c is not None else "h"
+    # the legends first: they stay on screen above the maps instead of scrolling away below them
+    lines = [legend(ascii, "1", "gates; a gate row's mean is at its right"),
+             signed_legend(ascii, f"the {'cell' if sym == 'c' else 'hidden'} state {sym}; each row scaled to its "
+                                  f"largest |{sym}|, shown at its right")]
     if offset:
         lines.append(Text(f"(the gates of the last {len(ids) - offset} of {len(ids)} tokens, from a fresh state)",
                           style="dim"))
@@ -132,21 +143,20 @@ def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: 
 
     # the memory itself: the LSTM's cell state (the GRU's hidden state), signed, then its size over time
     state = (trace.c if trace.c is not None else trace.h)[0, a:b].float().cpu().numpy()  # (n, H)
-    name, sym = ("cell state c", "c") if trace.c is not None else ("hidden state h", "h")
+    name = "cell state c" if trace.c is not None else "hidden state h"
     values = state[:, units].T
     row_max = np.abs(values).max(axis=1)  # each unit on its own scale: a held value reads as an even row
-    lines += [Text(), Text(f"{name}: orange +, blue −; each row scaled to its largest |{sym}|, shown at its right",
-                           style="bold")]
+    lines += [Text(), Text(f"{name}: + orange, − blue (and the glyphs of the sign legend)", style="bold")]
     notes = [" " + (f"{m:.2f}" if m < 10 else f"{m:.1f}" if m < 100 else f"{min(m, 9999):.0f}") for m in row_max]
     lines += heatmap_lines(np.abs(values), row_labels, col_labels, vmax=row_max, ascii=ascii, cell=cell,
                            signed=values, row_notes=notes)
     magnitude = np.abs(state).mean(axis=1)  # (n,) over all units of the layer
     strip = Text(pad(f"|{sym}|", max(unit_w, 3), right=True) + " ", style="bold", no_wrap=True, overflow="crop")
     strip.append_text(spark_line(magnitude, ascii, cell))
-    lines += [strip,
-              Text(f"|{sym}|: mean |{sym}| over all {hidden} units, up to {magnitude.max():.2f} · "
-                   "the number at the right of a gate row is its mean", style="dim"),
-              legend(ascii, "1", "gates")]
+    lines += [strip, Text(f"|{sym}|: mean |{sym}| over all {hidden} units, up to {magnitude.max():.2f}", style="dim")]
+    if start > 0 or stop < len(ids):
+        move = "--end N, size with --tokens N" if opts.flags else "end N, size with tokens N"
+        lines.append(Text(f"showing tokens {start}..{stop - 1}; move with {move}", style="dim"))
     return lines
 
 
@@ -162,6 +172,8 @@ def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateO
         raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{cfg.n_layers - 1}")
     offset, traces = trace_gates(model, ids)
     ascii = use_ascii(console, opts.ascii)
+    if opts.height is None and console.is_terminal:  # a screen: fit its height too (a pipe scrolls freely)
+        opts = replace(opts, height=console.height)
     print_blocks(console, [gate_lines(tokenizer, ids, offset, traces[layer], cfg.kind, layer, opts, console.width,
                                       ascii)], ascii)
 

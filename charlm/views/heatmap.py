@@ -19,6 +19,9 @@ from charlm.views.text import safe_text
 UNICODE_RAMP = " ·░▒▓█"
 ASCII_RAMP = " .:-=+*#%@"
 UNICODE_SPARK = " ▁▂▃▄▅▆▇█"  # for one-row strips (e.g. the cell-state magnitude over time)
+# Signed values carry their sign in the glyph as well as the colour (piped, NO_COLOR, colour-blind readers):
+# blocks for positive, horizontal strokes ("minus" marks) for negative; same number of levels as the ramp
+SIGNED_RAMPS = {False: (UNICODE_RAMP, " -─═━▬"), True: (" .+*#@", " ,-~=_")}
 
 # viridis-like stops: faint purple for small values up to bright yellow for the largest
 HEAT_STOPS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -28,6 +31,7 @@ NEG_STOPS = [(20, 50, 100), (80, 170, 250)]  # ...and blue for negative
 VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 VISIBLE_ASCII = {" ": "_", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 MAX_LABEL = 8  # cells of a row label's token text
+MAX_HEADER = 6  # lines of a column label (written downwards)
 
 
 def use_ascii(console, ascii: bool = False) -> bool:
@@ -123,20 +127,12 @@ def pad(text: str, width: int, right: bool = False) -> str:
 
 
 def column_header(labels: list[str], cell: int, max_lines: int, ascii: bool) -> list[str]:
-    """Column labels written top-down, `cell` cells wide each: a char model's text reads along the first
-    line; a longer BPE token continues on the lines below (cut with an ellipsis after max_lines)."""
+    """Column labels written downwards, one character per line at the start of their `cell`-wide column:
+    a char model's text reads along the first line, a BPE token down its column (cut with an ellipsis
+    after max_lines). Split into pieces `cell` wide, a token would read as a stack of fragments."""
     columns = []
     for label in labels:
-        pieces, cur = [], ""
-        for ch in label:
-            w = cell_len(ch)
-            if w == 0 or w > cell:  # a combining or too-wide character would break the grid
-                ch, w = "?", 1
-            if cell_len(cur) + w > cell:
-                pieces.append(cur)
-                cur = ""
-            cur += ch
-        pieces.append(cur)
+        pieces = [ch if 0 < cell_len(ch) == 1 else "?" for ch in label]  # a combining or wide char breaks the grid
         if len(pieces) > max_lines:
             pieces = pieces[: max_lines - 1] + ["~" if ascii else "…"]
         columns.append(pieces)
@@ -155,12 +151,12 @@ def heatmap_lines(
     cell: int = 1,
     signed: np.ndarray | None = None,
     row_notes: list[str] | None = None,
-    header_lines: int = 3,
+    header_lines: int = MAX_HEADER,
 ) -> list[Text]:
     """The map as lines of Text: the column labels on top, then one line per row:
     `<row label> <cells> <note>`. `values` are magnitudes (>= 0); `signed` (same shape, optional)
-    colours negative cells blue and positive ones orange instead of the heat palette."""
-    chars = ramp(ascii)
+    draws negative cells with the negative ramp in blue, positive ones in orange (SIGNED_RAMPS)."""
+    chars = ramp(ascii) if signed is None else SIGNED_RAMPS[ascii][0]
     levels = len(chars)
     grid = shade_grid(values, vmax, drawn, levels)
     label_w = max((cell_len(x) for x in row_labels), default=0)
@@ -172,7 +168,8 @@ def heatmap_lines(
         for c in range(grid.shape[1]):
             level = int(grid[r, c])
             negative = signed is not None and signed[r, c] < 0
-            line.append(chars[level] * cell, level_style(level, levels, negative, signed is not None))
+            glyph = SIGNED_RAMPS[ascii][1][level] if negative else chars[level]
+            line.append(glyph * cell, level_style(level, levels, negative, signed is not None))
         if row_notes:
             line.append(row_notes[r], "dim")
         lines.append(line)
@@ -186,6 +183,20 @@ def legend(ascii: bool, vmax_text: str, what: str) -> Text:
     for level in range(1, len(chars)):
         t.append(chars[level], level_style(level, len(chars)))
     t.append(f"  from 0 to {vmax_text}", style="dim")
+    if what:
+        t.append(f"  ({what})", style="dim")
+    return t
+
+
+def signed_legend(ascii: bool, what: str) -> Text:
+    """`+ ·░▒▓█  − -─═━▬` in their colours: how a signed map shows the sign without colour."""
+    pos_chars, neg_chars = SIGNED_RAMPS[ascii]
+    t = Text("sign: + ", style="dim")
+    for level in range(1, len(pos_chars)):
+        t.append(pos_chars[level], level_style(level, len(pos_chars), False, True))
+    t.append("  − ", style="dim")
+    for level in range(1, len(neg_chars)):
+        t.append(neg_chars[level], level_style(level, len(neg_chars), True, True))
     if what:
         t.append(f"  ({what})", style="dim")
     return t
@@ -215,14 +226,16 @@ def window(first: int, n_total: int, available: int, tokens: int | None, end: in
 
 
 def fit_map(width: int, row_w: int, note_w: int, first: int, n_total: int, tokens: int | None,
-            end: int | None) -> tuple[int, int, int]:
+            end: int | None, max_rows: int | None = None) -> tuple[int, int, int]:
     """(start, stop, cell) for a map `width` cells wide with row labels row_w and row notes note_w wide:
-    the token positions [start, stop) shown (see `window`) and the cells per column (two look square;
+    the token positions [start, stop) shown (see `window`; at most max_rows of them unless `tokens` asks,
+    so a map whose rows are tokens fits the screen's height) and the cells per column (two look square;
     one when space is short)."""
     available = width - row_w - note_w
     if available < 2:
         raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
-    start, stop = window(first, n_total, available, tokens, end)
+    fits = available if max_rows is None or tokens is not None else max(2, min(available, max_rows))
+    start, stop = window(first, n_total, fits, tokens, end)
     return start, stop, 2 if 2 * (stop - start) <= available else 1
 
 

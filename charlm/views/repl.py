@@ -1,12 +1,14 @@
 """The one input loop of `charlm chat` and `charlm compare -i`, and chat's REPL, which streams a model's
 continuation of each prompt, token by token.
 
-LineReader reads the lines; Session holds what both commands share (the loop, /help, /set, /quit, hints);
-Repl is chat, views.compare.CompareRepl is compare -i. On a terminal: line editing and history
-(readline; the history file lives in the charlm cache directory), tab completion of /commands,
-multi-line input between \"\"\" marks, Ctrl-C stops a running generation, Ctrl-C at an empty prompt or
-Ctrl-D leaves. With stdin not a terminal, every input line is a prompt and the output is plain text:
-scriptable.
+LineReader reads the lines; Session holds what both commands share (the loop, /help, /set, /bye, hints);
+Repl is chat, views.compare.CompareRepl is compare -i. The commands follow `ollama run` where it has one
+(/bye, /clear, /?, /set parameter KEY VALUE, /load), so its habits work here. On a terminal: line editing
+and history (readline; the history file lives in the charlm cache directory), tab completion of /commands,
+a multi-line paste arrives as one prompt (readline's bracketed paste), multi-line input between \"\"\"
+marks, Ctrl-C stops a running generation or clears the line (it never leaves: that loses the running text
+and the settings), Ctrl-D or /bye leaves. With stdin not a terminal, every input line is a prompt and the
+output is plain text: scriptable.
 
 Model text is always shown through safe_text in rich Text objects: never parsed as markup, and
 control characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal.
@@ -25,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.checkpoint import Checkpoint
+from charlm import checkpoint
+from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.config import ConfigError
 from charlm.data import cache_dir
 from charlm.generate import Generator, SampleConfig
@@ -36,14 +39,17 @@ from charlm.views.gates import show_gates
 from charlm.views.text import safe_text
 
 SHARED_COMMANDS = {
-    "/help": "this list",
+    "/help": "this list (also /?)",
     "/set": "/set KEY VALUE: temperature, top_k, top_p, repetition_penalty, max_tokens, seed, stop, unknown",
 }
-QUIT = {"/quit": "leave (also /exit, Ctrl-D)"}
+QUIT = {"/bye": "leave (also /quit, /exit, Ctrl-D)"}
+QUIT_WORDS = ("/bye", "/quit", "/exit", "/q")
+LEAVE_HINT = "Ctrl-D or /bye leaves"
 COMMANDS = {  # chat's, in the order /help lists them
     **SHARED_COMMANDS,
     "/show": "the settings and the model",
-    "/reset": "forget the running text",
+    "/clear": "forget the running text (also /reset)",
+    "/load": "/load CKPT: switch to another checkpoint (a file or a run directory), keeping the settings",
     "/mode": "/mode fresh|continue: each prompt starts anew, or continues the running text",
     "/attn": "/attn [args]: the attention over the running text (transformer; /attn help)",
     "/gates": "/gates [args]: the gates over the running text (LSTM/GRU; /gates help)",
@@ -91,8 +97,9 @@ class StreamPrinter:
 
 class LineReader:
     """Input lines as (line, fenced) pairs. On a terminal: readline editing, tab completion of `commands`,
-    history in the cache directory, \"\"\" multi-line prompts, Ctrl-C drops a half-typed line and leaves at
-    an empty prompt, Ctrl-D leaves. Otherwise: each line of stdin (\"\"\" blocks joined)."""
+    history in the cache directory, a paste as one line (newlines kept), \"\"\" multi-line prompts, Ctrl-C
+    drops a half-typed line (at an empty prompt it says how to leave), Ctrl-D leaves. Otherwise: each line
+    of stdin (\"\"\" blocks joined)."""
 
     def __init__(self, console: Console, interactive: bool, commands: dict[str, str]):
         self.console, self.interactive, self.commands = console, interactive, commands
@@ -115,11 +122,11 @@ class LineReader:
             except EOFError:  # Ctrl-D
                 self.console.print()
                 return
-            except KeyboardInterrupt:  # Ctrl-C: leave at an empty prompt, else just drop the line
+            except KeyboardInterrupt:  # Ctrl-C drops the line; at an empty prompt it says how to leave
                 typed = _line_buffer()
                 self.console.print()
                 if not typed.strip():
-                    return
+                    self.console.print(Text(f"({LEAVE_HINT})", style="dim"))
                 continue
             fenced = line.lstrip().startswith(FENCE)
             if fenced:
@@ -167,6 +174,9 @@ class LineReader:
             readline.parse_and_bind("bind ^I rl_complete")
         else:
             readline.parse_and_bind("tab: complete")
+            # CPython turns bracketed paste off (for its own >>> prompt); on, readline inserts a paste, newlines
+            # and all, as one edit: several pasted lines become one prompt, sent with Enter
+            readline.parse_and_bind("set enable-bracketed-paste on")
         self.history = cache_dir() / "chat_history"
         readline.set_history_length(1000)
         try:
@@ -192,7 +202,8 @@ class Session:
 
     COMMANDS: dict[str, str] = {**SHARED_COMMANDS, **QUIT}
     HELP_ROWS: list[tuple[str, str]] = [('"""', 'a multi-line prompt, up to the next """'),
-                                        ("Ctrl-C", "stop a generation; at an empty prompt: leave")]
+                                        ("paste", "several lines pasted are one prompt: Enter sends it"),
+                                        ("Ctrl-C", "stop a generation, or clear the line (it never leaves)")]
 
     def __init__(self, settings: SampleConfig, console: Console | None, unknown: str, interactive: bool | None):
         self.settings = settings
@@ -244,7 +255,7 @@ class Session:
         name, _, rest = line.strip().partition(" ")
         rest = rest.strip()
         name = name.lower()
-        if name in ("/quit", "/exit", "/q"):
+        if name in QUIT_WORDS:
             return False
         if name in ("/help", "/?"):
             self.show_help()
@@ -273,6 +284,7 @@ class Session:
         self.console.print(table)
 
     def set(self, rest: str) -> None:
+        rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)  # ollama's spelling: /set parameter temperature 0.5
         m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)  # KEY VALUE or KEY=VALUE
         key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
         if key not in SETTINGS:
@@ -298,12 +310,11 @@ class Repl(Session):
 
     COMMANDS = COMMANDS
     HELP_ROWS = [Session.HELP_ROWS[0], ("Enter", "on an empty line in continue mode: go on with the text"),
-                 Session.HELP_ROWS[1]]
+                 *Session.HELP_ROWS[1:]]
 
     def __init__(self, ckpt: Checkpoint, settings: SampleConfig, console: Console | None = None,
                  mode: str = "fresh", use_cache: bool = True, unknown: str = "drop", interactive: bool | None = None):
-        self.ckpt = ckpt
-        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        self.talk_to(ckpt, use_cache)
         super().__init__(settings, console, unknown, interactive)
         self.mode = mode
         self.transcript: list[tuple[str, str]] = []
@@ -322,8 +333,15 @@ class Repl(Session):
             self.hint(f"{done} {len(e.chars)} character{'s' if len(e.chars) != 1 else ''} the model never saw: {shown}")
             return tok.encode(text, unknown=self.unknown)
 
+    def talk_to(self, ckpt: Checkpoint, use_cache: bool) -> None:
+        """Talk to `ckpt` from now on, with an empty running text."""
+        self.ckpt = ckpt
+        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+
     def generate(self, prompt: str) -> None:
         ids = self.encode(prompt)
+        # the prompt as the model got it: with the characters it never saw dropped or replaced
+        prompt = self.ckpt.tokenizer.decode(ids)
         if self.mode == "fresh":
             self.gen.reset()
         printer = StreamPrinter(self.console, "cyan")
@@ -366,9 +384,11 @@ class Repl(Session):
     def own_command(self, name: str, rest: str) -> None:
         if name == "/show":
             self.show()
-        elif name == "/reset":
+        elif name in ("/clear", "/reset"):
             self.gen.reset()
             self.hint("the running text is empty now", style="green")
+        elif name == "/load":
+            self.load(rest)
         elif name == "/mode":
             if rest not in MODES:
                 raise Hint(f"/mode is {self.mode}: use /mode fresh or /mode continue")
@@ -417,6 +437,19 @@ class Repl(Session):
         except (ConfigError, ValueError) as e:
             raise Hint(str(e)) from None
 
+    def load(self, path: str) -> None:
+        if not path:
+            raise Hint("usage: /load CKPT (a checkpoint file or a run directory)")
+        device = next(self.ckpt.model.parameters()).device
+        try:
+            ckpt = checkpoint.load(Path(path).expanduser(), device=str(device))
+        except CheckpointError as e:
+            raise Hint(f"{e}; still talking to {self.ckpt.name}") from None
+        self.talk_to(ckpt, self.gen.use_cache)
+        m = ckpt.model_config
+        self.hint(f"loaded {ckpt.name} ({m.kind}, {ckpt.tokenizer.kind} tokens, {count_params(ckpt.model):,} parameters, "
+                  f"context {m.context}); the running text is empty", style="green")
+
     def save(self, path: str) -> None:
         if not path:
             raise Hint("usage: /save FILE")
@@ -434,7 +467,7 @@ class Repl(Session):
             ("charlm chat", "bold"), " · ", safe_text(self.ckpt.name),
             (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
         ), soft_wrap=True)
-        self.console.print(Text("type a prompt; /help for commands; Ctrl-C stops a generation; Ctrl-D leaves", style="dim"))
+        self.console.print(Text(f"type a prompt; /help for commands; Ctrl-C stops a generation; {LEAVE_HINT}", style="dim"))
 
 
 _EXAMPLES = {"temperature": "0.8", "top_k": "40", "top_p": "0.9", "repetition_penalty": "1.2", "max_tokens": "300",
@@ -476,7 +509,7 @@ def _complete(commands: dict[str, str], text: str, state: int) -> str | None:
     if len(words) <= 1:
         options = [c + " " for c in commands if c.startswith(text)]
     elif len(words) == 2 and words[0] == "/set":
-        options = [k + " " for k in SETTINGS if k.startswith(text)]
+        options = [k + " " for k in (*SETTINGS, "parameter") if k.startswith(text)]
     elif len(words) == 2 and words[0] == "/mode":
         options = [m for m in MODES if m.startswith(text)]
     else:
