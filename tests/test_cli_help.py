@@ -41,8 +41,8 @@ def test_command_list_keeps_each_description_whole():
         command = main.commands[name]
         summary = " ".join((command.short_help or command.help.split("\n\n")[0].split(". ")[0]).split())
         assert f"{name} {summary}" in listing, name
-    assert "attn Show a transformer's attention on --prompt as terminal heat maps (by default: the last layer, " \
-           "mean over heads)." in listing
+    assert "attn Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps " \
+           "(by default: the last layer, mean over heads)." in listing
 
 
 @pytest.mark.parametrize("name", COMMANDS)
