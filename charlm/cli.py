@@ -273,11 +273,11 @@ def _has_cuda() -> bool:
 # ---- info ---------------------------------------------------------------------------------------
 
 
-def _info(ckpt: checkpoint.Checkpoint) -> dict:
-    d, m = ckpt.saved, ckpt.model_config
+def _info(path: Path, d: checkpoint.Saved) -> dict:
+    m = d.model_config
     return {
-        "path": str(ckpt.path),
-        "run": ckpt.name,
+        "path": str(path),
+        "run": d.run_name,
         "model": m.kind,
         "layers": m.n_layers,
         "d_model": m.d_model,
@@ -285,8 +285,8 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
         "context": m.context,
         "positions": m.positions if m.kind == "transformer" else None,
         "params": d.params,
-        "tokenizer": ckpt.tokenizer.kind,
-        "vocab_size": ckpt.tokenizer.vocab_size,
+        "tokenizer": d.train_config.tokenizer,
+        "vocab_size": m.vocab_size,  # read() checked that the tokenizer has as many
         "steps": d.step,
         "train_seconds": round(d.train_seconds, 2),
         "best_val_loss": d.best_val_loss,
@@ -302,7 +302,8 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(ckpt, as_json):
     """Show what a checkpoint (a file or a run directory) holds."""
-    info = _info(checkpoint.load(ckpt))
+    path = checkpoint.resolve(ckpt)
+    info = _info(path, checkpoint.read(path))  # checked, and no model built: a file's config never allocates
     if as_json:
         click.echo(json.dumps(info))
         return
