@@ -26,7 +26,7 @@ from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, 
                            parse_duration, preset)
 from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
-from charlm.views.text import safe_text
+from charlm.views.text import safe, shell_quote
 
 USER_ERRORS = (ConfigError, CorpusError, CheckpointError, UnknownCharactersError)
 
@@ -45,7 +45,7 @@ def print_error(message: str) -> None:
     line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
         line = f"rank {os.environ.get('RANK', '?')}: {line}"
-    err_console().print(Text.assemble(("error: ", "red"), safe_text(line)), soft_wrap=True)
+    err_console().print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
 
 
 class CharlmGroup(click.Group):
@@ -192,9 +192,10 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         result = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view).fit()
     except trainer.TrainingInterrupted as e:
         view.close()
-        console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved {out}/last.pt"))
-        # quoted for the shell, and never read as markup: paths may hold spaces or [brackets]
-        console.print(f"resume with: charlm train {shlex.quote(corpus)} --out {shlex.quote(str(out))} --resume",
+        console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved ",
+                                    safe(f"{out}/last.pt")))
+        # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
+        console.print(f"resume with: charlm train {shell_quote(corpus)} --out {shell_quote(out)} --resume",
                       markup=False, highlight=False)
         sys.exit(130)
     except trainer.TrainingDiverged as e:
@@ -258,7 +259,7 @@ def _exec_torchrun(nproc: int, out: Path, device: str) -> NoReturn:
     if "--out" not in args and not any(a.startswith("--out=") for a in args):
         args += ["--out", str(out)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "charlm", *args]
-    err_console().print(Text(f"launching: {shlex.join(cmd)}", style="dim"), soft_wrap=True)
+    err_console().print(safe(f"launching: {shlex.join(cmd)}", "dim"), soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
@@ -308,7 +309,7 @@ def info(ckpt, as_json):
         click.echo(json.dumps(info))
         return
     # names and paths come from the user's files: Text, never markup
-    table = Table(title=Text(safe_text(str(info["run"]))), show_header=False, title_justify="left")
+    table = Table(title=safe(info["run"]), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
     size = f"{info['layers']} layers × {info['d_model']}"
@@ -317,11 +318,11 @@ def info(ckpt, as_json):
     table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
     table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
-    table.add_row("trained", f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}")
+    table.add_row("trained", safe(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))
     if info["best_val_loss"] is not None:
         table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")
-    table.add_row("corpus", Text(safe_text(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)")))
-    table.add_row("file", Text(safe_text(info["path"])))
+    table.add_row("corpus", safe(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)"))
+    table.add_row("file", safe(info["path"]))
     Console(highlight=False).print(table)
 
 
@@ -401,7 +402,7 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
             sys.stdout.flush()
         elif style:
             printer.flush()
-            console.print(Text(safe_text(piece), style=style), end="", soft_wrap=True)
+            console.print(safe(piece, style), end="", soft_wrap=True)
         else:
             printer.write(piece)
 
