@@ -21,7 +21,7 @@ from rich.text import Text
 
 from charlm import checkpoint
 from charlm.checkpoint import CheckpointError
-from charlm import runs
+from charlm import memory, runs
 from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
                            parse_duration, preset)
 from charlm.data import CorpusError
@@ -177,6 +177,7 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         # the tokenizer sets the real vocabulary size; check everything else before any work
         dataclasses.replace(model_cfg, vocab_size=2).validate()
     _check_writable(out)
+    memory.check_fits(model_cfg, train_cfg, _device_guess(train_cfg.device), nproc or me.world_size)  # before any work
     if nproc is not None:
         if me.enabled:
             raise UserError("--nproc starts torchrun itself: drop it when running under torchrun")
@@ -228,8 +229,8 @@ def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainCo
 def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
     """What the user typed, in runs.resume_configs' terms: a --preset stands for every size it holds."""
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    given = {("model." + n if n in model_fields else n) for n in typed}
+    model_flags = {f.name for f in dataclasses.fields(ModelConfig) if flag_name(f)}  # --vocab-size is TrainConfig's
+    given = {("model." + n if n in model_flags else n) for n in typed}
     if preset_name is not None:
         given |= {"preset:" + f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)
                   if f.metadata.get("from_preset")}

@@ -196,3 +196,80 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
     crafted.device, crafted.run_name = f"cuda{HOSTILE}", f"name{HOSTILE}"
     checkpoint.save(crafted, tmp_path / "crafted.pt")
     assert_harmless(pty_run(["info", tmp_path / "crafted.pt"], tmp_path), f"on cuda{visible}", f"name{visible}")
+
+
+# ---- bounds and numbers -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "romeo.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", str(10**20)], f"--batch-size must be at most 65536, got {10**20}: --grad-accum gives larger"),
+    (["--batch-size", str(10**9)], "--batch-size must be at most 65536"),
+    (["--weight-decay", "inf"], "--weight-decay must be a finite number, got inf"),
+    (["--weight-decay", "nan"], "--weight-decay must be at least 0, got nan"),
+    (["--seed", str(10**20)], "--seed must be between 0 and 2^63 - 1"),
+    (["--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
+    (["--d-model", "16384", "--heads", "16", "--layers", "64"], "this run needs about 4.1 TB of memory (weights and "
+     "optimizer 3.3 TB, activations 824.6 GB per process) but cpu has"),
+], ids=["batch 1e20", "batch 1e9", "weight decay inf", "weight decay nan", "seed 1e20", "seed -1", "64 x 16384"])
+def test_out_of_bounds_is_refused_before_any_work(corpus, tmp_path, args, message):
+    """Regression: these allocated gigabytes, printed a C++ trace, or were blamed on the learning rate later;
+    and sizes that pass each check alone encoded the whole corpus before exhausting memory."""
+    r = CliRunner().invoke(main, ["train", str(corpus), "--device", "cpu", "--out", str(tmp_path / "out"), *args])
+    one_line(r, message)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()  # nothing encoded, nothing written
+
+
+def test_the_memory_estimate_names_what_to_change(corpus, tmp_path, monkeypatch):
+    from charlm import memory
+
+    monkeypatch.setattr(memory, "available", lambda device: 100 * 10**6)
+    r = CliRunner().invoke(main, ["train", str(corpus), *TINY, "--batch-size", "4096", "--out", str(tmp_path / "out")])
+    one_line(r, "but cpu has 100.0 MB free: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+                "--d-model or --layers")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
+def test_the_parameter_estimate_is_close_to_the_real_count(kind):
+    from charlm.memory import params_estimate
+    from charlm.models import count_params
+
+    for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
+        cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)
+        real = count_params(build_model(cfg))
+        assert abs(params_estimate(cfg, vocab) - real) / real < 0.1, (cfg, real)
+
+
+def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():
+    """Regression: a --max-time run shorter than --warmup steps ended with its learning rate still rising.
+    Decided: with a time budget, warmup also ends after WARMUP_TIME_FRACTION of the time at the latest."""
+    from charlm.train import WARMUP_TIME_FRACTION, lr_at
+
+    cfg = TrainConfig(steps=10**9, max_time=10, warmup=1000, lr=1e-2, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0, 0.0) == pytest.approx(1e-5)  # the steps still start the warmup
+    assert lr_at(cfg, 5, 0.5 * WARMUP_TIME_FRACTION * 10) == pytest.approx(0.5e-2)  # half the warmup time: half the lr
+    assert lr_at(cfg, 20, WARMUP_TIME_FRACTION * 10) == pytest.approx(1e-2, rel=0.03)  # warmed up by the clock
+    assert lr_at(cfg, 50, 5.0) == pytest.approx(0.55e-2)  # the cosine halfway
+    assert lr_at(cfg, 99, 10.0) == pytest.approx(1e-3)  # and at its end when the time runs out
+    untimed = TrainConfig(steps=2000, warmup=100, lr=1e-2)
+    assert lr_at(untimed, 49, 1e6) == pytest.approx(0.5e-2)  # without a budget the clock plays no part
+
+
+@pytest.mark.parametrize("model,args,message", [
+    ("lstm", ["--heads", "4"], "--resume: --heads applies to transformer runs only, and this run is lstm; drop it"),
+    ("lstm", ["--positions", "learned"], "--positions applies to transformer runs only, and this run is lstm"),
+    ("transformer", ["--vocab-size", "1024"], "--resume: --vocab-size applies to bpe runs only, and this run is char; drop it"),
+], ids=["heads on an lstm", "positions on an lstm", "vocab size on a char run"])
+def test_resume_refuses_flags_that_do_not_apply(corpus, tmp_path, model, args, message):
+    """Regression: resume accepted (or blamed on another value) flags that mean nothing for the run."""
+    out = tmp_path / "run"
+    assert CliRunner().invoke(main, ["train", str(corpus), *TINY, "--model", model, "--out", str(out), "--steps", "2"]).exit_code == 0
+    one_line(CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--steps", "4", "--resume", *args]), message)
+    assert checkpoint.read(out / "last.pt").step == 2
