@@ -71,11 +71,21 @@ class CharlmGroup(click.Group):
         except Exception as e:  # a bug: still one line, with a way to see the traceback
             if os.environ.get("CHARLM_DEBUG"):
                 raise
+            if _out_of_memory(e):  # the machine's limit, not a bug: say what to change
+                print_error("out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+                            "--d-model or --layers, or close what else uses the memory")
+                sys.exit(1)
             print_error(f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)")
             sys.exit(1)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _out_of_memory(e: Exception) -> bool:
+    import torch
+
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 
 @click.group(cls=CharlmGroup, context_settings={"help_option_names": ["-h", "--help"]})

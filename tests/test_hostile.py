@@ -273,3 +273,17 @@ def test_resume_refuses_flags_that_do_not_apply(corpus, tmp_path, model, args, m
     assert CliRunner().invoke(main, ["train", str(corpus), *TINY, "--model", model, "--out", str(out), "--steps", "2"]).exit_code == 0
     one_line(CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--steps", "4", "--resume", *args]), message)
     assert checkpoint.read(out / "last.pt").step == 2
+
+
+def test_running_out_of_memory_anyway_is_not_a_bug_report(tmp_path):
+    """Where the estimate passes but the allocator still fails (here: a 2.5 GB address-space limit on a run
+    estimated at ~5 GB), the user hears what to change, never "unexpected RuntimeError ... please report it"."""
+    corpus = tmp_path / "long.txt"
+    corpus.write_text(TEXT * 10, encoding="utf-8")
+    proc = run_limited(["train", str(corpus), "--layers", "1", "--d-model", "32", "--heads", "2", "--context", "256",
+                        "--batch-size", "2048", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "out")],
+                       limit_mb=2500)
+    err = proc.stderr.strip()
+    assert proc.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
+    assert "please report it" not in err
+    assert err.startswith(("error: out of memory: lower --batch-size", "error: this run needs about")), err
