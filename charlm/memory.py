@@ -38,7 +38,7 @@ def available(device: str) -> int | None:
     if device == "cuda":
         import torch
 
-        return torch.cuda.mem_get_info()[0]
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None  # absent: said later, once
     try:
         with open("/proc/meminfo") as f:
             for line in f:
