@@ -114,7 +114,7 @@ def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
         warmed = max(warmed, elapsed / (WARMUP_TIME_FRACTION * cfg.max_time))
     if warmed < 1.0:
         return cfg.lr * warmed
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    progress = max(0.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))  # 0 on warmup's last step
     if cfg.max_time:
         progress = max(progress, elapsed / cfg.max_time)
     progress = min(progress, 1.0)
