@@ -17,6 +17,7 @@ import torch
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.models import build_model
+from charlm.tokenizer import tokenizer_from_json
 
 FORMAT = "charlm-checkpoint"
 VERSION = 2  # 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
@@ -54,6 +55,8 @@ def resolve(path: str | Path) -> Path:
             if (p / name).is_file():
                 return p / name
         raise CheckpointError(f"{p} holds no checkpoint (best.pt or last.pt): train one with 'charlm train'")
+    if not p.is_file():  # a FIFO or a device: opening it could wait for ever
+        raise CheckpointError(f"{p} is not a regular file: give a checkpoint file or a run directory")
     return p
 
 
@@ -111,6 +114,13 @@ class Saved:
             if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
                 raise CheckpointError(f"{path} is a damaged charlm checkpoint ({name} should be "
                                       f"{' or '.join(t.__name__ for t in types)}, not {type(value).__name__})")
+        if (data["best_val_loss"] is None) != (data["best_val_bpc"] is None):
+            raise CheckpointError(f"{path} is a damaged charlm checkpoint (best_val_loss and best_val_bpc "
+                                  "should both be numbers, or both be empty)")
+        odd = [k for k, v in (data.get("metrics") or {}).items() if not isinstance(v, _NUMBER) or isinstance(v, bool)]
+        if odd:
+            raise CheckpointError(f"{path} is a damaged charlm checkpoint (metric {odd[0]} should be a number, "
+                                  f"not {type(data['metrics'][odd[0]]).__name__})")
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
             train_config = TrainConfig.from_dict(data["train_config"]).validate()
@@ -185,9 +195,54 @@ def _last_words(e: Exception) -> str:
 
 
 def read(path: str | Path, map_location="cpu") -> Saved:
-    """The checkpoint's contents, typed. weights_only=True: tensors and plain containers only, so a
-    crafted file cannot run code while loading."""
-    p = resolve(path)
+    """The checkpoint's contents, typed and checked for consistency (config, weights and tokenizer agree),
+    without building a model. weights_only=True: tensors and plain containers only, so a crafted file
+    cannot run code while loading."""
+    return _checked(resolve(path), map_location)[0]
+
+
+def _checked(p: Path, map_location) -> tuple[Saved, object]:
+    """(the contents, the tokenizer), after every check that needs no real model."""
+    saved = _typed(p, map_location)
+    _check_weights(saved, p)
+    try:
+        tokenizer = tokenizer_from_json(saved.tokenizer)
+    except Exception as e:
+        raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
+    if tokenizer.vocab_size != saved.model_config.vocab_size:  # else an IndexError in the middle of a stream
+        raise CheckpointError(f"{p} is an inconsistent charlm checkpoint: its tokenizer has {tokenizer.vocab_size} "
+                              f"tokens, its model {saved.model_config.vocab_size}; train again or use another checkpoint")
+    if tokenizer.kind != saved.train_config.tokenizer:
+        raise CheckpointError(f"{p} is an inconsistent charlm checkpoint: it holds a {tokenizer.kind} tokenizer, "
+                              f"its config says {saved.train_config.tokenizer}; train again or use another checkpoint")
+    return saved, tokenizer
+
+
+def _check_weights(saved: Saved, p: Path) -> None:
+    """The stored tensors must be exactly what the config describes, compared on a model built on the
+    meta device (shapes, no memory). Each must also hold its own data (no zero-stride expansion), so the
+    model loaded later is never larger than the file: a crafted config cannot make charlm allocate."""
+    with torch.device("meta"):
+        expected = build_model(saved.model_config).state_dict()
+    m = saved.model_config
+    bad = f"{p} is an inconsistent charlm checkpoint: its weights do not match its config ({m.kind}, layers {m.n_layers}, d_model {m.d_model}"
+    missing = sorted(expected.keys() - saved.model.keys())
+    extra = sorted(map(str, saved.model.keys() - expected.keys()))  # a crafted file's keys need not be strings
+    if missing or extra:
+        what = "; ".join(([f"missing {', '.join(missing[:3])}"] if missing else []) +
+                         ([f"unexpected {', '.join(extra[:3])}"] if extra else []))
+        raise CheckpointError(f"{bad}: {what})")
+    for name, want in expected.items():
+        t = saved.model[name]
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{bad}: {name} is not a tensor)")
+        if t.shape != want.shape:
+            raise CheckpointError(f"{bad}: {name} is {tuple(t.shape)}, the config needs {tuple(want.shape)})")
+        if t.untyped_storage().nbytes() < t.numel() * t.element_size():
+            raise CheckpointError(f"{bad}: {name} does not hold its {t.numel():,} values)")
+
+
+def _typed(p: Path, map_location) -> Saved:
     data = _read(p, map_location)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{p} is not a charlm checkpoint (a PyTorch file written by something else)")
@@ -222,15 +277,12 @@ class Checkpoint:
 
 
 def load(path: str | Path, device: str = "cpu") -> Checkpoint:
-    from charlm.tokenizer import tokenizer_from_json
-
     p = resolve(path)
-    saved = read(p, map_location=device)
-    try:
-        tokenizer = tokenizer_from_json(saved.tokenizer)
+    saved, tokenizer = _checked(p, map_location=device)
+    try:  # the shapes are known to fit: what is left to fail here is the file's fault too
         model = build_model(saved.model_config)
         model.load_state_dict(saved.model)
-    except Exception as e:  # any inconsistency inside the file is the file's fault, reported in one line
+    except Exception as e:
         raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
     model.to(device).eval()
     return Checkpoint(p, model, tokenizer, saved)

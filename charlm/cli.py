@@ -22,12 +22,12 @@ from rich.text import Text
 
 from charlm import checkpoint, config
 from charlm.checkpoint import CheckpointError
-from charlm import runs
+from charlm import memory, runs
 from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
                            parse_duration, preset)
 from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
-from charlm.views.text import safe_text
+from charlm.views.text import safe, shell_quote
 
 USER_ERRORS = (ConfigError, CorpusError, CheckpointError, UnknownCharactersError)
 
@@ -46,7 +46,7 @@ def print_error(message: str) -> None:
     line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
         line = f"rank {os.environ.get('RANK', '?')}: {line}"
-    err_console().print(Text.assemble(("error: ", "red"), safe_text(line)), soft_wrap=True)
+    err_console().print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
 
 
 class CharlmGroup(click.Group):
@@ -77,6 +77,10 @@ class CharlmGroup(click.Group):
         except Exception as e:  # a bug: still one line, with a way to see the traceback
             if os.environ.get("CHARLM_DEBUG"):
                 raise
+            if _out_of_memory(e):  # the machine's limit, not a bug: say what to change
+                print_error("out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+                            "--d-model or --layers, or close what else uses the memory")
+                sys.exit(1)
             print_error(f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)")
             sys.exit(1)
         if not standalone_mode:
@@ -104,7 +108,7 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     print_error(f"missing {what}, such as one of the runs in {runs.RUNS}/ "
                 "(newest first; charlm runs shows them all):")
     for run in found[:5]:
-        console.print(Text("  " + safe_text(str(run))))
+        console.print(safe(f"  {run}"))
     sys.exit(e.exit_code)
 
 
@@ -153,6 +157,12 @@ CharlmGroup.command_class = CharlmCommand
 # (tests/test_cli_help.py notices if a Click release moves this class)
 click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simple_re  # split at spaces only
 RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
+
+
+def _out_of_memory(e: Exception) -> bool:
+    import torch
+
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 
 @click.group(cls=CharlmGroup, invoke_without_command=True,
@@ -291,6 +301,7 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         # the tokenizer sets the real vocabulary size; check everything else before any work
         dataclasses.replace(model_cfg, vocab_size=2).validate()
     _check_writable(out)
+    memory.check_fits(model_cfg, train_cfg, _device_guess(train_cfg.device), nproc or me.world_size)  # before any work
     if nproc is not None:
         if me.enabled:
             raise UserError("--nproc starts torchrun itself: drop it when running under torchrun")
@@ -306,9 +317,10 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         result = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view).fit()
     except trainer.TrainingInterrupted as e:
         view.close()
-        console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved {out}/last.pt"))
-        # quoted for the shell, and never read as markup: paths may hold spaces or [brackets]
-        console.print(f"resume with: charlm train {shlex.quote(corpus)} --out {shlex.quote(str(out))} --resume",
+        console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved ",
+                                    safe(f"{out}/last.pt")))
+        # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
+        console.print(f"resume with: charlm train {shell_quote(corpus)} --out {shell_quote(out)} --resume",
                       markup=False, highlight=False)
         sys.exit(130)
     except trainer.TrainingDiverged as e:
@@ -341,8 +353,8 @@ def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainCo
 def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
     """What the user typed, in runs.resume_configs' terms: a --preset stands for every size it holds."""
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    given = {("model." + n if n in model_fields else n) for n in typed}
+    model_flags = {f.name for f in dataclasses.fields(ModelConfig) if flag_name(f)}  # --vocab-size is TrainConfig's
+    given = {("model." + n if n in model_flags else n) for n in typed}
     if preset_name is not None:
         given |= {"preset:" + f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)
                   if f.metadata.get("from_preset")}
@@ -372,7 +384,7 @@ def _exec_torchrun(nproc: int, out: Path, device: str) -> NoReturn:
     if "--out" not in args and not any(a.startswith("--out=") for a in args):
         args += ["--out", str(out)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "charlm", *args]
-    err_console().print(Text(f"launching: {shlex.join(cmd)}", style="dim"), soft_wrap=True)
+    err_console().print(safe(f"launching: {shlex.join(cmd)}", "dim"), soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
@@ -387,11 +399,11 @@ def _has_cuda() -> bool:
 # ---- info ---------------------------------------------------------------------------------------
 
 
-def _info(ckpt: checkpoint.Checkpoint) -> dict:
-    d, m = ckpt.saved, ckpt.model_config
+def _info(path: Path, d: checkpoint.Saved) -> dict:
+    m = d.model_config
     return {
-        "path": str(ckpt.path),
-        "run": ckpt.name,
+        "path": str(path),
+        "run": d.run_name,
         "model": m.kind,
         "layers": m.n_layers,
         "d_model": m.d_model,
@@ -399,8 +411,8 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
         "context": m.context,
         "positions": m.positions if m.kind == "transformer" else None,
         "params": d.params,
-        "tokenizer": ckpt.tokenizer.kind,
-        "vocab_size": ckpt.tokenizer.vocab_size,
+        "tokenizer": d.train_config.tokenizer,
+        "vocab_size": m.vocab_size,  # read() checked that the tokenizer has as many
         "steps": d.step,
         "train_seconds": round(d.train_seconds, 2),
         "best_val_loss": d.best_val_loss,
@@ -417,12 +429,13 @@ def _info(ckpt: checkpoint.Checkpoint) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(ckpt, as_json):
     """Show what a checkpoint (a file or a run directory) holds."""
-    info = _info(checkpoint.load(ckpt))
+    path = checkpoint.resolve(ckpt)
+    info = _info(path, checkpoint.read(path))  # checked, and no model built: a file's config never allocates
     if as_json:
         click.echo(json.dumps(info))
         return
     # names and paths come from the user's files: Text, never markup
-    table = Table(title=Text(safe_text(str(info["run"]))), show_header=False, title_justify="left")
+    table = Table(title=safe(info["run"]), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
     size = f"{info['layers']} layers × {info['d_model']}"
@@ -431,11 +444,11 @@ def info(ckpt, as_json):
     table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
     table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
-    table.add_row("trained", f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}")
+    table.add_row("trained", safe(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))
     if info["best_val_loss"] is not None:
         table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")
-    table.add_row("corpus", Text(safe_text(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)")))
-    table.add_row("file", Text(safe_text(info["path"])))
+    table.add_row("corpus", safe(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)"))
+    table.add_row("file", safe(info["path"]))
     console = Console(highlight=False)
     console.print(table)
     curve = _curves([str(Path(info["path"]).parent)], missing_ok=True)
@@ -604,7 +617,7 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
             sys.stdout.flush()
         elif style:
             printer.flush()
-            console.print(Text(safe_text(piece), style=style), end="", soft_wrap=True)
+            console.print(safe(piece, style), end="", soft_wrap=True)
         else:
             printer.write(piece)
 

@@ -10,6 +10,7 @@ them, so a setting, its default and its help are written once, here.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 
@@ -21,6 +22,7 @@ OPTIMIZERS = ("muon", "adamw")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
+MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 
 
 class ConfigError(ValueError):
@@ -37,13 +39,15 @@ def check_seed(seed: int | None) -> None:
 
 
 def flag(default, help: str, *, name: str | None = None, short: str | None = None, choices: tuple | None = None,
-         resumable: bool = False, from_preset: bool = False, derived: bool = False, **kw):
+         resumable: bool = False, from_preset: bool = False, derived: bool = False, applies_to: str | None = None,
+         **kw):
     """A config field with its command-line flag. name: the flag without "--" (default: the field's name
     with dashes). resumable: `--resume` may change it. from_preset: the CLI default comes from --preset
     (the field's default applies to code that builds configs itself). derived: the command works the
-    value out when the flag is absent (--steps and --max-time from each other)."""
+    value out when the flag is absent (--steps and --max-time from each other). applies_to: the only
+    model kind (ModelConfig) or tokenizer (TrainConfig) the setting means anything for."""
     meta = dict(flag=name, short=short, help=help, choices=choices, resumable=resumable, from_preset=from_preset,
-                derived=derived)
+                derived=derived, applies_to=applies_to)
     if "default_factory" in kw:
         return field(metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -72,10 +76,10 @@ class ModelConfig:
     vocab_size: int = internal(0)  # set from the tokenizer
     n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True)
     d_model: int = flag(128, "Transformer width; LSTM/GRU hidden (and embedding) size.", from_preset=True)
-    n_heads: int = flag(4, "Attention heads (transformer).", name="heads", from_preset=True)
+    n_heads: int = flag(4, "Attention heads (transformer).", name="heads", from_preset=True, applies_to="transformer")
     context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True)
     dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True)
-    positions: str = flag("rope", "Transformer positions.", choices=POSITIONS)
+    positions: str = flag("rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer")
     mlp_ratio: int = internal(4)  # transformer only: MLP hidden = mlp_ratio * d_model
 
     def validate(self) -> "ModelConfig":
@@ -111,7 +115,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     tokenizer: str = flag("char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS)
-    vocab_size: int = flag(1024, "BPE vocabulary size.")
+    vocab_size: int = flag(1024, "BPE vocabulary size.", applies_to="bpe")
     # the run's total; --resume continues up to it
     steps: int = flag(2000, "Total optimizer steps [default: as many as --max-time allows].", resumable=True,
                       derived=True)
@@ -152,12 +156,15 @@ class TrainConfig:
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.batch_size <= MAX_BATCH, f"--batch-size must be at most {MAX_BATCH}, got {self.batch_size}: "
+               "--grad-accum gives larger effective batches")
         _check(self.precision in PRECISIONS, f"unknown --precision '{self.precision}': choose auto, fp32 or bf16")
         _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
         _check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.warmup >= 0, f"--warmup must be at least 0, got {self.warmup}")
         _check(self.weight_decay >= 0, f"--weight-decay must be at least 0, got {self.weight_decay}")
+        _check(math.isfinite(self.weight_decay), f"--weight-decay must be a finite number, got {self.weight_decay}")
         _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
         _check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
         _check(self.eval_interval is None or self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")

@@ -32,6 +32,8 @@ def _check_file(path: Path) -> None:
         raise CorpusError(f"no such file: {path}")
     if path.is_dir():
         raise CorpusError(f"{path} is a directory; give the path of a text file")
+    if not path.is_file():  # a FIFO, pipe or device: no size to check, and reading it may never end
+        raise CorpusError(f"{path} is not a regular file; give the path of a text file")
     if path.stat().st_size == 0:
         raise CorpusError(f"{path} is empty; give a file with some text in it")
 

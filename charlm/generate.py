@@ -22,11 +22,16 @@ import torch
 from charlm.config import SampleConfig
 from charlm.models.fast_decode import FastDecoder
 
+# Temperatures below this are greedy: dividing logits by a tiny (or subnormal) number overflows to inf and
+# turns the distribution into NaNs, and long before that it is one-hot anyway (a logit gap of 0.01 becomes e^100).
+GREEDY_BELOW = 1e-4
+
 
 def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor | None = None) -> torch.Tensor:
     """logits (vocab,) -> the probabilities sample_next_token draws from (float32, summing to 1).
 
-    Order: repetition penalty, temperature, top-k, top-p. Temperature 0 puts all mass on the argmax.
+    Order: repetition penalty, temperature, top-k, top-p. Temperature 0 (or below GREEDY_BELOW) puts all
+    mass on the argmax.
     """
     logits = logits.float()
     if s.repetition_penalty != 1.0 and history is not None and history.numel():
@@ -34,7 +39,7 @@ def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor 
         # CTRL's penalty: shrink positive logits, push negative ones further down
         logits = logits.clone()
         logits[history] = torch.where(seen > 0, seen / s.repetition_penalty, seen * s.repetition_penalty)
-    if s.temperature == 0:
+    if s.temperature < GREEDY_BELOW:
         return torch.zeros_like(logits).index_fill_(0, logits.argmax().view(1), 1.0)
     logits = logits / s.temperature
     if 0 < s.top_k < logits.numel():
@@ -56,7 +61,7 @@ def sample_next_token(
 ) -> int:
     """logits (vocab,) -> the next token id, drawn from sampling_probs with one uniform number from
     `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call)."""
-    if s.temperature == 0 and (s.repetition_penalty == 1.0 or history is None):
+    if s.temperature < GREEDY_BELOW and (s.repetition_penalty == 1.0 or history is None):
         return int(logits.argmax())
     all_k = s.top_k == 0 or s.top_k >= logits.numel()  # top_k >= vocab keeps every token: it disables nothing
     if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":

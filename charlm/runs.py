@@ -51,10 +51,17 @@ def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainCon
     field of the configs passed in (a caller that builds configs in code, as the Trainer's own check does)."""
     check_world_size(out, saved.world_size, world_size)
     old_model, old_train = saved.model_config, saved.train_config
+    typed = given  # None: configs built in code, where every field is set whether it applies or not
     if given is None:
         given = {f.name for f in fields(TrainConfig)} | {"model." + f.name for f in fields(ModelConfig)}
     if "model.kind" in given and model_cfg.kind != old_model.kind:
         raise ConfigError(f"--resume: this run is a {old_model.kind}, not a {model_cfg.kind}; use another --out for a new run")
+    for cls, prefix, run_is in ((ModelConfig, "model.", old_model.kind), (TrainConfig, "", old_train.tokenizer)):
+        for f in fields(cls):  # typed flags only: a --preset sets sizes such as --heads for every model kind
+            applies_to = f.metadata.get("applies_to")
+            if applies_to and applies_to != run_is and typed and prefix + f.name in typed:
+                raise ConfigError(f"--resume: --{flag_name(f)} applies to {applies_to} runs only, and this run is "
+                                  f"{run_is}; drop it")
     for f in fields(ModelConfig):
         if f.name in ("kind", "vocab_size"):  # the tokenizer sets vocab_size
             continue

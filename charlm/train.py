@@ -108,12 +108,19 @@ class TrainingDiverged(Exception):
 # ---- helpers ------------------------------------------------------------------------------------
 
 
+WARMUP_TIME_FRACTION = 0.1  # with a time budget, warmup ends after this share of it at the latest
+
+
 def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio. With a time budget the decay follows
-    the clock, so a --max-time run still ends its schedule when the time runs out."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    """Linear warmup, then cosine decay to lr * min_lr_ratio. With a time budget the warmup and the decay
+    follow the clock too, so a --max-time run still ends its schedule when the time runs out, even one
+    shorter than its --warmup steps."""
+    warmed = (step + 1) / cfg.warmup if step < cfg.warmup else 1.0
+    if cfg.max_time:
+        warmed = max(warmed, elapsed / (WARMUP_TIME_FRACTION * cfg.max_time))
+    if warmed < 1.0:
+        return cfg.lr * warmed
+    progress = max(0.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))  # 0 on warmup's last step
     if cfg.max_time:
         progress = max(progress, elapsed / cfg.max_time)
     progress = min(progress, 1.0)

@@ -210,7 +210,8 @@ BAD_FILES = [
     (_foreign_tensor, "is not a charlm checkpoint"),
     (_newer, "was written by a newer charlm"),
     (_incomplete, "incomplete charlm checkpoint (missing tokenizer)"),
-    (_incompatible, "incompatible charlm checkpoint (RuntimeError: Error(s) in loading state_dict for Transformer: size mismatch"),
+    (_incompatible, "its weights do not match its config (transformer, layers 1, d_model 64: tok_emb.weight is (23, 32), "
+                    "the config needs (23, 64))"),
     (_bad_tokenizer, "incompatible charlm checkpoint"),
 ]
 

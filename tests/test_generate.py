@@ -5,6 +5,7 @@ numpy one-token step and the sliding window) against full recomputation."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -82,6 +83,22 @@ def test_temperature_zero_is_argmax():
         logits = torch.randn(40, generator=g) * 3
         assert sample_next_token(logits, SampleConfig(temperature=0), g) == int(logits.argmax())
         assert_probs(sampling_probs(logits, SampleConfig(temperature=0)), [float(i == int(logits.argmax())) for i in range(40)])
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 1e-39, 5e-324], ids=["1e-5", "below float32", "subnormal"])
+@pytest.mark.parametrize("extra", [dict(top_k=5), dict(top_p=0.9), dict(repetition_penalty=1.3), {}],
+                         ids=["top_k", "top_p", "penalty", "plain"])
+def test_tiny_temperatures_are_greedy(temperature, extra):
+    """Regression (issue 10): below ~1e-38 logits / temperature overflowed, so the sampler returned the last
+    token every time (an IndexError with top-p), and a subnormal one printed numpy warnings and garbage."""
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9, 0.0, 1.0])
+    history = torch.tensor([3])  # the penalty shrinks 2.9 further: 1 stays the best
+    s = SampleConfig(temperature=temperature, **extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy overflow warning fails the test
+        for seed in range(5):
+            assert sample_next_token(logits, s, torch.Generator().manual_seed(seed), history) == 1
+        assert sampling_probs(logits, s, history).tolist() == [0, 1, 0, 0, 0, 0]
 
 
 def test_top_k_keeps_exactly_the_k_best():

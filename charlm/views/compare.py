@@ -189,7 +189,7 @@ class CompareView:
         s = self.settings
         lines = ["val bpc: best validation bits/char in training (each on its own corpus)"]
         if self.eval_path is not None:
-            lines.append(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file")
+            lines.append(safe_text(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file"))
         lines.append(f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
                      f"temperature {s.temperature:g}" + (f" · top-k {s.top_k}" if s.top_k else "")
                      + (f" · top-p {s.top_p:g}" if s.top_p < 1 else "")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult
+from charlm.views.text import safe
 
 
 class EvalProgress:
@@ -48,7 +49,7 @@ def eval_summary(ckpt: Checkpoint, path, result: EvalResult) -> dict:
 
 
 def render_eval(console: Console, ckpt: Checkpoint, path, result: EvalResult) -> None:
-    title = Text(f"{ckpt.name}", style="bold") + Text(f" on {Path(path).name}")
+    title = safe(ckpt.name, "bold") + safe(f" on {Path(path).name}")
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()

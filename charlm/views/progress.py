@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-import shlex
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped
-from charlm.views.text import safe_text
+from charlm.views.text import safe, safe_text, shell_quote
 
 
 class TrainView:
@@ -85,10 +83,9 @@ class TrainView:
             f"[bold]charlm train[/] {m.kind} ({size}, context {m.context}), {e.params / 1e6:.2f}M params, "
             f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
         )
-        self.console.print(
+        self.console.print(Text(
             f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · {batch} · "
-            f"lr {t.lr:g} · {budget}{resumed} · saving to {escape(str(e.out_dir))}"  # a path is not markup
-        )
+            f"lr {t.lr:g} · {budget}{resumed} · saving to ") + safe(e.out_dir))
         self.total = t.steps
         if self.live:
             p = self._ensure_progress()
@@ -130,12 +127,12 @@ class TrainView:
         table.add_row("parameters", f"{result.params:,}")
         if result.best_val_loss is not None:
             table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
-        table.add_row("checkpoints", Text(f"{result.out_dir}/best.pt, last.pt"))  # Text: a path is not markup
+        table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
         self.console.print(table)
         if result.sample:
             self.console.print("[bold]sample:[/]")
             self.console.print(Text(safe_text(result.sample), style="italic"))
-        run = shlex.quote(str(result.out_dir))  # printed to be copied into a shell, never read as markup
+        run = shell_quote(result.out_dir)  # printed to be copied into a shell, never read as markup
         if self._barely_learned(result):
             uniform = math.log(self.started.vocab_size)
             self.console.print(

@@ -1,9 +1,13 @@
-"""Model text is shown literally: never parsed as markup, and control characters made visible, so
-text full of ANSI/OSC escapes or BEL cannot drive the user's terminal."""
+"""The one safe path to the terminal for every string from outside the program (model text, prompts,
+paths, corpus and run names, checkpoint fields): shown literally, never parsed as markup, and control
+characters made visible, so text full of ANSI/OSC escapes or BEL cannot drive the user's terminal."""
 
 from __future__ import annotations
 
+import shlex
 import unicodedata
+
+from rich.text import Text
 
 # bidirectional overrides and isolates can reorder what the terminal shows ("Trojan Source")
 _BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
@@ -25,3 +29,19 @@ def safe_text(text: str) -> str:
     if text.isprintable():  # fast path: nothing to escape (isprintable is False for \n too)
         return text
     return "".join(_visible(ch) for ch in text)
+
+
+def safe(text: object, style: str = "") -> Text:
+    """An outside string as Rich Text: never markup, control characters visible."""
+    return Text(safe_text(str(text)), style=style)
+
+
+def shell_quote(text: object) -> str:
+    """A path or name quoted for a command line the user may copy: shlex.quote, or bash's $'...' with
+    escapes when it holds control characters, so the printed command is both harmless and exact."""
+    text = str(text)
+    if text.isprintable():
+        return shlex.quote(text)
+    escaped = (_visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch]
+               for ch in text)
+    return "$'" + "".join(escaped) + "'"

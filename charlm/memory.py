@@ -1,0 +1,75 @@
+"""Will a training run fit in memory? An estimate made before any work (encoding the corpus, building the
+model), so that a run too large for the machine is refused in a second with what to change, instead of
+swapping for minutes or dying with an allocator's trace."""
+
+from __future__ import annotations
+
+import os
+
+from charlm.config import ConfigError, ModelConfig, TrainConfig
+
+# Bytes of saved activations per (sequence position × width × layer) of one micro-batch, forward and
+# backward in fp32, measured as peak RSS on CPU (torch 2.x; 150-180 for the Transformer, 55-64 for the
+# LSTM/GRU), rounded up. The Transformer's attention adds no (context²) term: SDPA never stores the weights.
+ACTIVATION_BYTES = {"transformer": 192, "lstm": 64, "gru": 64}
+# Square d_model × d_model matrices per layer: attention 4 + MLP 8; LSTM 4 gates × (input + hidden); GRU 3 × 2.
+MATRICES_PER_LAYER = {"transformer": 12, "lstm": 8, "gru": 6}
+EMBEDDINGS = {"transformer": 1, "lstm": 2, "gru": 2}  # vocab × d_model tables: the Transformer ties its head
+STATE_BYTES = 16  # per parameter: fp32 weight, gradient, and the optimizer's two moments
+LOGIT_BYTES = 12  # per position and vocabulary entry: logits, their softmax and its gradient
+CHAR_VOCAB_GUESS = 256  # a char run's vocabulary is known only once the corpus is read
+
+
+def params_estimate(m: ModelConfig, vocab_size: int) -> int:
+    """Parameters of the model m describes, within a few percent (embedding and output head included)."""
+    return m.n_layers * MATRICES_PER_LAYER[m.kind] * m.d_model**2 + EMBEDDINGS[m.kind] * vocab_size * m.d_model
+
+
+def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
+    """(bytes of weights and optimizer state, bytes of activations) one training process needs."""
+    vocab = m.vocab_size or (t.vocab_size if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
+    positions = t.batch_size * m.context
+    activations = positions * (m.d_model * m.n_layers * ACTIVATION_BYTES[m.kind] + vocab * LOGIT_BYTES)
+    return params_estimate(m, vocab) * STATE_BYTES, activations
+
+
+def available(device: str) -> int | None:
+    """Bytes free for a new run on device: the GPU's free memory, or the system's MemAvailable (None: unknown)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None  # absent: said later, once
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def check_fits(m: ModelConfig, t: TrainConfig, device: str, processes: int = 1) -> None:
+    """ConfigError, with the estimate and what to change, when the run cannot fit in device's memory.
+    processes: training processes that share this machine's memory (one per GPU on CUDA)."""
+    free = available(device)
+    if free is None:
+        return
+    state, activations = estimate(m, t)
+    need = (state + activations) * (1 if device == "cuda" else processes)
+    if need > free:
+        raise ConfigError(
+            f"this run needs about {_human(need)} of memory (weights and optimizer {_human(state)}, activations "
+            f"{_human(activations)} per process) but {device} has {_human(free)} free: lower --batch-size (--grad-accum "
+            f"keeps the effective batch), --context, --d-model or --layers")
