@@ -235,6 +235,7 @@ class Trainer:
         self._build()
         if saved:
             self._restore(saved)
+        self._drop_metrics_beyond(self.step)  # (a new run: all of them, the log of a run killed before its first last.pt)
         self._wrap()
 
     def _saved_run(self, corpus, model_cfg: ModelConfig) -> Saved:
@@ -297,22 +298,22 @@ class Trainer:
             self.scaler.load_state_dict(saved.scaler)
         self.step, self.train_seconds = saved.step, saved.train_seconds
         self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
-        self._agree_with_last(saved)
-
-    def _agree_with_last(self, saved: Saved) -> None:
-        """Make the run directory agree with last.pt, the commit record, after a process was killed between
-        writes: metrics lines beyond its step go (the resumed run writes them again), and a best.pt written
-        after it (the kill fell between the two) is the run's best so far."""
+        # a best.pt written after last.pt (a kill fell between the two: see the module's docstring) holds
+        # the run's best so far
         best = self.out_dir / "best.pt"
         if best.exists() and best.stat().st_mtime_ns > (self.out_dir / "last.pt").stat().st_mtime_ns:
             newer = checkpoint.read(best)
             if newer.best_val_loss is not None and (self.best_val_loss is None or newer.best_val_loss < self.best_val_loss):
                 self.best_val_loss, self.best_val_bpc = newer.best_val_loss, newer.best_val_bpc
+
+    def _drop_metrics_beyond(self, step: int) -> None:
+        """metrics.jsonl as last.pt, the commit record, knows it: the lines of later steps, which a process
+        killed before it wrote last.pt left, go (the run writes them again)."""
         log = self.out_dir / "metrics.jsonl"
         if not self.dist.is_main or not log.exists():
             return
         lines = log.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if (step := _step_of(line)) is not None and step <= saved.step]
+        kept = [line for line in lines if (at := _step_of(line)) is not None and at <= step]
         if kept != lines:
             files.atomic_write(log, lambda f: f.write("".join(line + "\n" for line in kept).encode("utf-8")))
 
