@@ -61,7 +61,7 @@ class CharlmGroup(click.Group):
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
-            _stopping()
+            _ignore_signals()
             err_console().print("aborted")
             sys.exit(130)
         except click.ClickException as e:
@@ -71,7 +71,7 @@ class CharlmGroup(click.Group):
             print_error(str(e))
             sys.exit(1)
         except KeyboardInterrupt:
-            _stopping()
+            _ignore_signals()
             err_console().print("interrupted")
             sys.exit(130)
         except Exception as e:  # a bug: still one line, with a way to see the traceback
@@ -84,10 +84,10 @@ class CharlmGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _stopping() -> None:
-    """The process is ending on a signal: further Ctrl-C or SIGTERM could only cut its last lines or Python's
-    shutdown short (a KeyboardInterrupt in an atexit callback prints a traceback), so they are ignored from
-    here on. Not when main() was called in-process: the caller keeps its handlers."""
+def _ignore_signals() -> None:
+    """The process is ending: a Ctrl-C or SIGTERM could only cut its last lines or Python's shutdown short
+    (a KeyboardInterrupt in an atexit callback prints a traceback), so they are ignored from here on. Not
+    when main() was called in-process: the caller keeps its handlers."""
     if _AS_PROGRAM:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_IGN)
@@ -211,9 +211,10 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     try:
         if lock and not resume:
             _check_unused(out)  # again, now under the lock: another run may have finished in it since
-        result = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view).fit()
+        run = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view)
+        _ignore_signals()  # fit() handles them while it runs; once it returns, the process only has to exit
+        result = run.fit()
     except trainer.TrainingInterrupted as e:
-        _stopping()
         view.close()
         name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
         console.print(Text.assemble("\n", (name, "yellow"), f" at step {e.result.step}; saved {out}/last.pt"))

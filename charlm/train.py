@@ -344,6 +344,7 @@ class Trainer:
                 # (the max over ranks), which also gives them the same learning rate under --max-time
                 stop, self.train_seconds = distributed.all_max([float(signals.requested), self.train_seconds])
                 if stop:  # between steps, so the saved state is exactly this step's
+                    signals.stopping = True
                     if self.saved_step != self.step:  # (an evaluation may just have saved it)
                         with signals.holding():
                             self.save("last.pt")
@@ -489,22 +490,25 @@ def _step_of(line: str) -> int | None:
 class _DeferredInterrupt:
     """While active, a first Ctrl-C or SIGTERM only sets `requested` (the loop stops cleanly at the next
     step); a second one raises KeyboardInterrupt at once, except inside holding(): a checkpoint being
-    written is finished first (a KeyboardInterrupt inside torch.save would lose it), and the loop stops
-    right after. Only the main thread can handle signals, so elsewhere it does nothing."""
+    written is finished first (a KeyboardInterrupt inside torch.save would lose it), and the run stops
+    right after, saved, ignoring any further signal (`stopping`, also set once the loop stops). Only the
+    main thread can handle signals, so elsewhere it does nothing."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
         self.signum: int | None = None  # the first signal
-        self.held = False
+        self.held = self.stopping = False
         self.previous: dict[int, object] = {}
 
     def _handle(self, signum, frame):
-        if self.requested and not self.held:
-            raise KeyboardInterrupt
         if not self.requested:
             self.requested, self.signum = True, signum
+        elif self.held:
+            self.stopping = True
+        elif not self.stopping:
+            raise KeyboardInterrupt
 
     @contextmanager
     def holding(self):
@@ -516,7 +520,7 @@ class _DeferredInterrupt:
             self.held = held
 
     def __enter__(self) -> "_DeferredInterrupt":
-        self.requested, self.signum = False, None
+        self.requested, self.signum, self.stopping = False, None, False
         if threading.current_thread() is threading.main_thread():
             self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
