@@ -212,7 +212,7 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         if lock and not resume:
             _check_unused(out)  # again, now under the lock: another run may have finished in it since
         run = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view)
-        _ignore_signals()  # fit() handles them while it runs; once it returns, the process only has to exit
+        _ignore_signals()  # fit() handles them from its first line; once it returns, the process only has to exit
         result = run.fit()
     except trainer.TrainingInterrupted as e:
         view.close()

@@ -329,16 +329,16 @@ class Trainer:
         """Train up to cfg.steps (or the time budget). `until` pauses at that step, saved, without
         changing the schedule. Ctrl-C finishes the current step, saves and raises TrainingInterrupted."""
         cfg, model = self.cfg, self.model
-        self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
-                              train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
-                              val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
-                              world_size=self.dist.world_size))
         # tokens/s counts optimizer steps over all ranks: the effective batch
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         model.train()
         with self.signals as signals:
+            self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
+                                  train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
+                                  val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
+                                  world_size=self.dist.world_size))
             while self.step < cfg.steps:
                 # every rank must leave the loop at the same step: they agree on Ctrl-C and on the clock
                 # (the max over ranks), which also gives them the same learning rate under --max-time
