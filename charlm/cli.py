@@ -212,7 +212,8 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         if lock and not resume:
             _check_unused(out)  # again, now under the lock: another run may have finished in it since
         run = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view)
-        _ignore_signals()  # fit() handles them from its first line; once it returns, the process only has to exit
+        if not me.enabled:  # (under torchrun, the launcher's SIGTERM must still stop a rank that hangs)
+            _ignore_signals()  # fit() handles them from its first line; once it returns, the process only has to exit
         result = run.fit()
     except trainer.TrainingInterrupted as e:
         view.close()

@@ -229,7 +229,9 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)
         if self.dist.is_main:
             files.remove_dead_temps(self.out_dir)  # checkpoints that a killed process was writing
-        self.signals = _DeferredInterrupt()  # entered by fit(); outside it, holding() changes nothing
+        # entered by fit(); outside it, holding() changes nothing. Under torchrun SIGTERM stays the launcher's
+        # way to stop a rank: one blocked in a collective whose peer died cannot run a Python handler
+        self.signals = _DeferredInterrupt(signal.SIGINT, *([] if self.dist.enabled else [signal.SIGTERM]))
         saved = self._saved_run(corpus, model_cfg) if resume else None
         self._prepare_data(corpus, model_cfg, saved)
         self._build()
@@ -494,9 +496,8 @@ class _DeferredInterrupt:
     right after, saved, ignoring any further signal (`stopping`, also set once the loop stops). Only the
     main thread can handle signals, so elsewhere it does nothing."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
+    def __init__(self, *signums: int):
+        self.signums = signums
         self.requested = False
         self.signum: int | None = None  # the first signal
         self.held = self.stopping = False
@@ -522,7 +523,7 @@ class _DeferredInterrupt:
     def __enter__(self) -> "_DeferredInterrupt":
         self.requested, self.signum, self.stopping = False, None, False
         if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
         return self
 
     def __exit__(self, *exc) -> None:
