@@ -105,12 +105,6 @@ class RunLock:
             if d == self.created:
                 return
 
-    def __enter__(self) -> "RunLock":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
 
 def check_world_size(out: Path, trained_on: int, world_size: int) -> None:
     if trained_on != world_size:  # each rank's batches are part of the run
