@@ -5,9 +5,7 @@ executes code from the file.
 
 from __future__ import annotations
 
-import os
 import pickle
-import secrets
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass, fields
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from charlm import files
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.models import build_model
 from charlm.tokenizer import tokenizer_from_json
@@ -28,21 +27,10 @@ class CheckpointError(Exception):
 
 
 def save(saved: "Saved | dict", path: str | Path) -> None:
-    """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one."""
+    """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one.
+    A full disk is a files.WriteError naming the directory; the file already at path stays as it was."""
     payload = saved.to_payload() if isinstance(saved, Saved) else saved
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    files.atomic_write(path, lambda f: torch.save(payload, f), parents=True)
 
 
 def resolve(path: str | Path) -> Path:

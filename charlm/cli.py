@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm import checkpoint, config
+from charlm import checkpoint, config, files
 from charlm.checkpoint import CheckpointError
 from charlm import memory, runs
 from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
@@ -29,7 +30,8 @@ from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.text import safe, shell_quote
 
-USER_ERRORS = (ConfigError, CorpusError, CheckpointError, UnknownCharactersError)
+USER_ERRORS = (ConfigError, CorpusError, CheckpointError, UnknownCharactersError, files.WriteError)
+_AS_PROGRAM = False  # main() runs as the charlm process itself (not called in-process, as tests do)
 
 
 class UserError(click.ClickException):
@@ -53,11 +55,14 @@ class CharlmGroup(click.Group):
     """Turns every error into one line on stderr: Click's usage errors, ours, and unexpected ones."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        global _AS_PROGRAM
+        _AS_PROGRAM = args is None  # the arguments come from the command line: this process ends here
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
+            _ignore_signals()
             err_console().print("aborted")
             sys.exit(130)
         except click.MissingParameter as e:
@@ -72,6 +77,7 @@ class CharlmGroup(click.Group):
             print_error(str(e))
             sys.exit(1)
         except KeyboardInterrupt:
+            _ignore_signals()
             err_console().print("interrupted")
             sys.exit(130)
         except Exception as e:  # a bug: still one line, with a way to see the traceback
@@ -163,6 +169,15 @@ def _out_of_memory(e: Exception) -> bool:
     import torch
 
     return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
+
+
+def _ignore_signals() -> None:
+    """The process is ending: a Ctrl-C or SIGTERM could only cut its last lines or Python's shutdown short
+    (a KeyboardInterrupt in an atexit callback prints a traceback), so they are ignored from here on. Not
+    when main() was called in-process: the caller keeps its handlers."""
+    if _AS_PROGRAM:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
 
 
 @click.group(cls=CharlmGroup, invoke_without_command=True,
@@ -290,14 +305,17 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     me = distributed.env()
     if resume:
         out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
+        if me.is_main:  # in use: say so first (what follows reads a run that is being written)
+            runs.check_free(out)
         if not (out / "last.pt").exists():
             raise UserError(f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run")
         model_cfg, train_cfg = runs.resume_configs(out, checkpoint.read(out / "last.pt"), model_cfg, train_cfg,
                                                    nproc or me.world_size, _given(ctx, preset_name))
     else:
         out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
-        if (out / "last.pt").exists():
-            raise UserError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
+        if me.is_main:
+            runs.check_free(out)
+        _check_unused(out)
         # the tokenizer sets the real vocabulary size; check everything else before any work
         dataclasses.replace(model_cfg, vocab_size=2).validate()
     _check_writable(out)
@@ -313,23 +331,45 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     # every rank trains; only rank 0 shows it (the others would print the same lines again)
     console = Console(highlight=False, soft_wrap=True, quiet=not me.is_main)  # soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(console)
+    # rank 0 holds the run directory until it exits: a second training into it is refused meanwhile
+    lock = runs.RunLock(out) if me.is_main else None
     try:
-        result = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view).fit()
+        if lock and not resume:
+            _check_unused(out)  # again, now under the lock: another run may have finished in it since
+        run = trainer.Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=view)
+        if not me.enabled:  # (under torchrun, the launcher's SIGTERM must still stop a rank that hangs)
+            _ignore_signals()  # fit() handles them from its first line; once it returns, the process only has to exit
+        result = run.fit()
     except trainer.TrainingInterrupted as e:
         view.close()
-        console.print(Text.assemble("\n", ("interrupted", "yellow"), f" at step {e.result.step}; saved ",
-                                    safe(f"{out}/last.pt")))
+        name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
+        console.print(Text.assemble("\n", (name, "yellow"), f" at step {e.result.step}; saved ", safe(f"{out}/last.pt")))
         # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
-        console.print(f"resume with: charlm train {shell_quote(corpus)} --out {shell_quote(out)} --resume",
-                      markup=False, highlight=False)
-        sys.exit(130)
+        console.print(f"resume with: {_resume_command(corpus, out)}", markup=False, highlight=False)
+        sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     except trainer.TrainingDiverged as e:
         view.close()
         raise UserError(str(e)) from None
+    except files.WriteError as e:
+        if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
+            raise UserError(f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
+                            f"{_resume_command(corpus, out)}") from None
+        raise
     finally:
         view.close()
         distributed.close()
+        if lock:
+            lock.release()
     view.finish(result)
+
+
+def _resume_command(corpus: str, out: Path) -> str:
+    return f"charlm train {shell_quote(corpus)} --out {shell_quote(out)} --resume"
+
+
+def _check_unused(out: Path) -> None:
+    if (out / "last.pt").exists():
+        raise UserError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
 
 
 def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainConfig]:

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from charlm import files
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError, tokenizer_from_json, train_tokenizer
 
 Tokenizer = CharTokenizer | BPETokenizer
@@ -167,16 +168,14 @@ def _write_npy(f, arrays: Iterable[np.ndarray], dtype: np.dtype) -> None:
     f.write(_npy_header(n, dtype))
 
 
-def _atomic_write(path: Path, write: Callable) -> None:
-    """Write via a temp file + os.replace so a crash never leaves a half-written cache entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+def _write_cache(path: Path, write: Callable) -> None:
+    """An atomic write into the cache (a crash never leaves a half-written entry); a full disk says where the
+    cache is and how to move it."""
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        files.atomic_write(path, write, parents=True)
+    except files.WriteError as e:
+        raise files.WriteError(f"{e} (the token cache): free some space, or set CHARLM_CACHE to a disk with room",
+                               e.path) from None
 
 
 def encode_corpus(
@@ -209,7 +208,7 @@ def encode_corpus(
             if progress:
                 progress(min(done, total), total)
 
-    _atomic_write(out, lambda f: _write_npy(f, encoded(), dtype))
+    _write_cache(out, lambda f: _write_npy(f, encoded(), dtype))
     if progress:
         progress(total, total)
     return out
@@ -234,6 +233,8 @@ def prepare(
     A BPE tokenizer learns its merges from sample_corpus(): all the text up to BPE_SAMPLE_BYTES, a sample above.
     """
     sha = sha256 or corpus_sha256(path)
+    for directory in ("tokenizers", "tokens"):  # what encodings killed part-way left behind
+        files.remove_dead_temps(cache_dir() / directory)
     if tokenizer is None:
         tok_path = cache_dir() / "tokenizers" / f"{sha[:16]}-{kind}-{vocab_size if kind == 'bpe' else 'all'}.json"
         if tok_path.exists():
@@ -242,7 +243,7 @@ def prepare(
             # a char vocabulary must see every character; BPE merges only need representative text
             text = (lambda: sample_corpus(path, BPE_SAMPLE_BYTES)) if kind == "bpe" else (lambda: iter_corpus(path))
             tokenizer = train_tokenizer(kind, text, vocab_size)
-            _atomic_write(tok_path, lambda f: f.write(tokenizer.to_json().encode("utf-8")))
+            _write_cache(tok_path, lambda f: f.write(tokenizer.to_json().encode("utf-8")))
     return tokenizer, encode_corpus(path, tokenizer, progress, sha256=sha), sha
 
 

@@ -1,11 +1,13 @@
-"""Run directories: where a new run goes, which run `--resume` continues, THE rule for what a resumed
-run may change, and what runs there are (`charlm runs`, `charlm plot`). The rule is read from the config
-fields (config.flag(resumable=...)), so a new setting states whether it may change on resume where it is
-defined."""
+"""Run directories: where a new run goes, which run `--resume` continues, the lock that keeps a second
+training out of a directory in use, THE rule for what a resumed run may change, and what runs there are
+(`charlm runs`, `charlm plot`). The rule is read from the config fields (config.flag(resumable=...)), so a
+new setting states whether it may change on resume where it is defined."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -33,6 +35,76 @@ def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
     if not runs:
         raise ConfigError(f"--resume found no run {RUNS}/{base}*/last.pt: name the run with --out DIR")
     return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
+
+
+LOCK = ".lock"
+
+
+def _in_use(out: Path) -> str:
+    holder = (out / LOCK).read_text(encoding="utf-8", errors="replace").strip() if (out / LOCK).exists() else ""
+    by = f"another charlm train (pid {holder})" if holder.isdigit() else "another charlm train"
+    return f"{out} is in use by {by}: wait for it to finish, or choose another --out"
+
+
+def check_free(out: Path) -> None:
+    """Refuse a run directory that another process holds (see RunLock), without taking it."""
+    try:
+        with open(out / LOCK, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(_in_use(out)) from None
+    except OSError:  # no file (a holder keeps it until it lets go), or no directory: nobody holds it
+        return
+
+
+class RunLock:
+    """Holds a run directory for this process: a second training into it is refused while this one runs.
+    The lock is flock(2) on out/.lock, so the kernel drops it when the process ends, however it ends: a crash
+    never leaves a run locked. Directories it had to create are removed on release if nothing was written
+    into them (a refused run leaves nothing behind)."""
+
+    def __init__(self, out: Path):
+        self.out, self.path = out, out / LOCK
+        self.created = next(p for p in [out, *out.parents] if p.parent.exists()) if not out.exists() else None
+        out.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(self.path, "a+b")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                self._remove_created()
+                raise ConfigError(_in_use(out)) from None
+            # the holder before us may have removed the file between our open and our flock: then we hold
+            # the lock of a file nobody else opens, and must lock the new one
+            if self.path.exists() and os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+            f.close()
+        self.file = f
+        try:
+            f.truncate(0)
+            f.write(str(os.getpid()).encode())  # for the message a second process prints
+            f.flush()
+        except OSError:  # a full disk: the lock holds all the same, the message just names no pid
+            pass
+
+    def release(self) -> None:
+        if self.file.closed:
+            return
+        self.path.unlink(missing_ok=True)  # before letting go, so that the next holder's file is its own
+        self.file.close()
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        if self.created is None:
+            return
+        for d in [self.out, *self.out.parents]:
+            try:
+                d.rmdir()
+            except OSError:  # not empty: the run wrote into it
+                return
+            if d == self.created:
+                return
 
 
 def check_world_size(out: Path, trained_on: int, world_size: int) -> None:

@@ -5,6 +5,11 @@ samples its own batches, every rank runs the same loop and takes part in every c
 
 The trainer never prints. It reports what happens as events (the dataclasses below) to a callback;
 the CLI renders them.
+
+Nothing is lost to an interruption: Ctrl-C and SIGTERM stop the run at a step boundary, saved; a second
+signal cannot cut a save short; and an evaluation writes best.pt, then its metrics.jsonl line, then
+last.pt, the run's commit record. A resume drops what a kill left beyond last.pt (metrics lines of
+later steps) and adopts a best.pt written after it, so every file agrees with every other.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 import signal
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
@@ -22,7 +27,7 @@ from typing import NoReturn
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from charlm import checkpoint, distributed, runs
+from charlm import checkpoint, distributed, files, runs
 from charlm.checkpoint import Corpus, Saved
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
@@ -94,11 +99,11 @@ class Result:
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C: the run was saved and can be resumed."""
+    """Ctrl-C or SIGTERM: the run was saved and can be resumed. signum: the signal that stopped it."""
 
-    def __init__(self, result: Result):
+    def __init__(self, result: Result, signum: int = signal.SIGINT):
         super().__init__("interrupted")
-        self.result = result
+        self.result, self.signum = result, signum
 
 
 class TrainingDiverged(Exception):
@@ -235,11 +240,17 @@ class Trainer:
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
+        if self.dist.is_main:
+            files.remove_dead_temps(self.out_dir)  # checkpoints that a killed process was writing
+        # entered by fit(); outside it, holding() changes nothing. Under torchrun SIGTERM stays the launcher's
+        # way to stop a rank: one blocked in a collective whose peer died cannot run a Python handler
+        self.signals = _DeferredInterrupt(signal.SIGINT, *([] if self.dist.enabled else [signal.SIGTERM]))
         saved = self._saved_run(corpus, model_cfg) if resume else None
         self._prepare_data(corpus, model_cfg, saved)
         self._build()
         if saved:
             self._restore(saved)
+        self._drop_metrics_beyond(self.step)  # (a new run: all of them, the log of a run killed before its first last.pt)
         self._wrap()
 
     def _saved_run(self, corpus, model_cfg: ModelConfig) -> Saved:
@@ -283,6 +294,7 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
         self.next_eval = self.EVAL_GAP  # the progress() at which the next evaluation is due (no --eval-interval)
+        self.saved_step = None  # the step last.pt was last written at by this process
         self.best_val_loss = self.best_val_bpc = None
         amp = autocast_dtype(self.device, self.cfg.precision)
         self.autocast = torch.autocast(self.device, dtype=amp) if amp else nullcontext()
@@ -303,6 +315,24 @@ class Trainer:
         self.step, self.train_seconds = saved.step, saved.train_seconds
         self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
         self.next_eval = self.spent() + self.EVAL_GAP  # a resumed run too shows a validation loss early
+        # a best.pt written after last.pt (a kill fell between the two: see the module's docstring) holds
+        # the run's best so far
+        best = self.out_dir / "best.pt"
+        if best.exists() and best.stat().st_mtime_ns > (self.out_dir / "last.pt").stat().st_mtime_ns:
+            newer = checkpoint.read(best)
+            if newer.best_val_loss is not None and (self.best_val_loss is None or newer.best_val_loss < self.best_val_loss):
+                self.best_val_loss, self.best_val_bpc = newer.best_val_loss, newer.best_val_bpc
+
+    def _drop_metrics_beyond(self, step: int) -> None:
+        """metrics.jsonl as last.pt, the commit record, knows it: the lines of later steps, which a process
+        killed before it wrote last.pt left, go (the run writes them again)."""
+        log = self.out_dir / "metrics.jsonl"
+        if not self.dist.is_main or not log.exists():
+            return
+        lines = log.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if (at := _step_of(line)) is not None and at <= step]
+        if kept != lines:
+            files.atomic_write(log, lambda f: f.write("".join(line + "\n" for line in kept).encode("utf-8")))
 
     def _wrap(self) -> None:
         # DDP averages gradients across ranks during backward. self.model stays the plain module and is
@@ -316,23 +346,26 @@ class Trainer:
         """Train up to cfg.steps (or the time budget). `until` pauses at that step, saved, without
         changing the schedule. Ctrl-C finishes the current step, saves and raises TrainingInterrupted."""
         cfg, model = self.cfg, self.model
-        self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
-                              train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
-                              val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
-                              world_size=self.dist.world_size, start_seconds=self.train_seconds))
         # tokens/s counts optimizer steps over all ranks: the effective batch
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         model.train()
-        with _DeferredInterrupt() as interrupt:
+        with self.signals as signals:
+            self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
+                                  train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
+                                  val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
+                                  world_size=self.dist.world_size, start_seconds=self.train_seconds))
             while self.step < cfg.steps:
                 # every rank must leave the loop at the same step: they agree on Ctrl-C and on the clock
                 # (the max over ranks), which also gives them the same learning rate under --max-time
-                stop, self.train_seconds = distributed.all_max([float(interrupt.requested), self.train_seconds])
+                stop, self.train_seconds = distributed.all_max([float(signals.requested), self.train_seconds])
                 if stop:  # between steps, so the saved state is exactly this step's
-                    self.save("last.pt")
-                    raise TrainingInterrupted(self.result("interrupted", last_val))
+                    signals.stopping = True
+                    if self.saved_step != self.step:  # (an evaluation may just have saved it)
+                        with signals.holding():
+                            self.save("last.pt")
+                    raise TrainingInterrupted(self.result("interrupted", last_val), signals.signum or signal.SIGINT)
                 if until is not None and self.step >= until:
                     stopped = "until"
                     break
@@ -437,7 +470,8 @@ class Trainer:
             self.model.train()
 
     def evaluate_and_save(self) -> float:
-        """Evaluate; log the metrics; write last.pt, and best.pt when val loss improved. Returns val loss."""
+        """Evaluate; write best.pt when val loss improved, then the metrics line, then last.pt (the commit
+        record: see the module's docstring), with signals held off until all three are written. Returns val loss."""
         self.on_event(Phase(name="evaluating"))
         losses = evaluate(self.model, self.batches, self.cfg, self.device, self.autocast,
                           self.dist.rank, self.dist.world_size)
@@ -450,14 +484,15 @@ class Trainer:
         metrics = {"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
                    "val_bpc": val_bpc, "elapsed": round(self.train_seconds, 3)}
         self.on_event(Phase(name="saving"))
-        self.save("last.pt", metrics)
-        if is_best:
-            self.save("best.pt", metrics)
-        if self.dist.is_main:
-            with open(self.out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+        with self.signals.holding():
+            if is_best:
+                self.save("best.pt", metrics)
+            if self.dist.is_main:
+                files.append_line(self.out_dir / "metrics.jsonl", json.dumps(metrics))
+            self.save("last.pt", metrics)
+        sample = None if self.signals.requested else self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)
         self.on_event(Evaluated(step=self.step, train_loss=losses["train"], val_loss=losses["val"], val_bpc=val_bpc,
-                                is_best=is_best, sample=self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)))
+                                is_best=is_best, sample=sample))  # (no sample when the run is stopping)
         return losses["val"]
 
     def save(self, name: str, metrics: dict | None = None) -> None:
@@ -482,6 +517,8 @@ class Trainer:
                 world_size=world_size, weights_sha256=digests,
             )
             checkpoint.save(saved, self.out_dir / name)
+        if name == "last.pt":
+            self.saved_step = self.step
         # the others wait until the file is written: once save() returns on any rank, a resume may read it
         distributed.barrier()
 
@@ -492,27 +529,53 @@ class Trainer:
         return rng
 
 
-class _DeferredInterrupt:
-    """While active, a first Ctrl-C only sets `requested` (the loop stops cleanly at the next step);
-    a second one raises KeyboardInterrupt at once. Only the main thread can handle signals, so
-    elsewhere it does nothing."""
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a line that is not one (cut short by a kill)."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
-    def __init__(self):
+
+class _DeferredInterrupt:
+    """While active, a first Ctrl-C or SIGTERM only sets `requested` (the loop stops cleanly at the next
+    step); a second one raises KeyboardInterrupt at once, except inside holding(): a checkpoint being
+    written is finished first (a KeyboardInterrupt inside torch.save would lose it), and the run stops
+    right after, saved, ignoring any further signal (`stopping`, also set once the loop stops). Only the
+    main thread can handle signals, so elsewhere it does nothing."""
+
+    def __init__(self, *signums: int):
+        self.signums = signums
         self.requested = False
-        self.installed = False
-        self.previous = None
+        self.signum: int | None = None  # the first signal
+        self.held = self.stopping = False
+        self.previous: dict[int, object] = {}
 
     def _handle(self, signum, frame):
-        if self.requested:
+        if not self.requested:
+            self.requested, self.signum = True, signum
+        elif self.held:
+            self.stopping = True
+        elif not self.stopping:
             raise KeyboardInterrupt
-        self.requested = True
+
+    @contextmanager
+    def holding(self):
+        """Signals only set `requested` in here."""
+        held, self.held = self.held, True
+        try:
+            yield
+        finally:
+            self.held = held
 
     def __enter__(self) -> "_DeferredInterrupt":
+        self.requested, self.signum, self.stopping = False, None, False
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-            self.installed = True
+            self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.installed:  # previous is None when it was set outside Python: fall back to the default
-            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)
+        for s, previous in self.previous.items():  # None: set outside Python; fall back to the default
+            signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+        self.previous = {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from charlm import checkpoint
+from charlm import checkpoint, files
 from charlm.checkpoint import CheckpointError
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
@@ -160,6 +160,66 @@ def test_second_sigint_stops_at_once(corpus, tmp_path):
         make(corpus, tmp_path / "run", on_event=two_interrupts).fit()
     assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-done was saved
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class Killed(BaseException):
+    """The process dies here: nothing after it runs (BaseException: no handler in charlm catches it)."""
+
+
+def metric_rows(run: Path) -> list[dict]:
+    log = run / "metrics.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_kill_between_any_two_writes_leaves_files_that_agree(corpus, tmp_path, monkeypatch):
+    """Regression: last.pt (recording the new best value) was written before best.pt; a kill between the
+    two left best.pt one evaluation behind and, since best.pt is only rewritten when a later evaluation
+    beats the recorded value, the best weights lost for good. Here the process dies right after each
+    write of a run in turn (every checkpoint and every metrics line): the files on disk always agree
+    (best.pt never behind last.pt's record, every evaluation up to last.pt logged once), and the
+    resumed run ends with exactly the files of a run never killed."""
+    whole = make(corpus, tmp_path / "whole", steps=12, eval_interval=3)
+    whole.fit()
+    want_rows = [(r["step"], r["val_loss"]) for r in metric_rows(tmp_path / "whole")]
+    real_save, real_append = checkpoint.save, files.append_line
+    writes = []
+
+    def counted(write):
+        def wrapper(*args):
+            write(*args)
+            writes.append(args[1])
+            if len(writes) == kill_at:
+                raise Killed
+        return wrapper
+
+    monkeypatch.setattr(checkpoint, "save", counted(real_save))
+    monkeypatch.setattr(files, "append_line", counted(real_append))
+    kill_at, total = 0, None
+    while total is None or kill_at < total:
+        kill_at += 1
+        writes.clear()
+        run = tmp_path / f"killed-{kill_at}"
+        try:
+            make(corpus, run, steps=12, eval_interval=3).fit()
+            total = len(writes)  # no kill: the number of writes of a whole run
+            continue
+        except Killed:
+            pass
+        if not (run / "last.pt").exists():  # killed before the first commit: a new run starts over
+            make(corpus, run, steps=12, eval_interval=3).fit()
+        else:
+            last = checkpoint.read(run / "last.pt")
+            best = checkpoint.read(run / "best.pt")
+            assert best.best_val_loss <= last.best_val_loss, f"best.pt is behind last.pt after write {kill_at}"
+            logged = [(r["step"], r["val_loss"]) for r in metric_rows(run) if r["step"] <= last.step]
+            assert logged == [row for row in want_rows if row[0] <= last.step], kill_at
+            assert min(v for _, v in logged) == last.best_val_loss
+            if last.step < 12:  # (killed after its very last write, the run is complete)
+                make(corpus, run, steps=12, eval_interval=3, resume=True).fit()
+        assert [(r["step"], r["val_loss"]) for r in metric_rows(run)] == want_rows, kill_at
+        for name in ("best.pt", "last.pt"):
+            assert_bit_identical(checkpoint.read(run / name).model, checkpoint.read(tmp_path / "whole" / name).model, name)
+    assert total >= 8  # 4 evaluations: best.pt (when better), a metrics line and last.pt each
 
 
 # ---- divergence ---------------------------------------------------------------------------------

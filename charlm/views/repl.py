@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm import checkpoint
+from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.config import ConfigError
 from charlm.data import cache_dir
@@ -455,10 +455,10 @@ class Repl(Session):
             raise Hint("usage: /save FILE")
         target = Path(path).expanduser()
         body = "".join(f"{PROMPT}{prompt}\n{prompt}{text}\n\n" for prompt, text in self.transcript)
-        try:
-            target.write_text(body, encoding="utf-8")
-        except OSError as e:
-            raise Hint(f"cannot write {target}: {e.strerror or e}") from None
+        try:  # all or nothing: a full disk leaves no empty or half-written file
+            files.atomic_write(target, lambda f: f.write(body.encode("utf-8")))
+        except files.WriteError as e:
+            raise Hint(str(e)) from None
         self.hint(f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green")
 
     def banner(self) -> None:
