@@ -87,6 +87,9 @@ class CharlmGroup(click.Group):
                 print_error("out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
                             "--d-model or --layers, or close what else uses the memory")
                 sys.exit(1)
+            if _peer_lost(e):  # under torchrun: another rank failed first and said why; this one only lost it
+                print_error("another process of this run stopped (its error is above); this one stops too")
+                sys.exit(1)
             print_error(f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)")
             sys.exit(1)
         if not standalone_mode:
@@ -163,6 +166,12 @@ CharlmGroup.command_class = CharlmCommand
 # (tests/test_cli_help.py notices if a Click release moves this class)
 click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simple_re  # split at spaces only
 RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
+
+
+def _peer_lost(e: Exception) -> bool:
+    """A collective failed because another rank's process is gone (gloo: "Connection closed by peer")."""
+    return int(os.environ.get("WORLD_SIZE", 1)) > 1 and any(
+        words in str(e) for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
 def _out_of_memory(e: Exception) -> bool:
