@@ -8,7 +8,7 @@
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Generator(fast_decode=False): what the numpy step buys) and
+cache but the torch one-token step (Streamer(fast_decode=False): what the numpy step buys) and
 without the cache; the time per token over the first and the last 100 tokens (flat = once the
 window is full, the rolling cache costs what filling it did); and the time to the first token after
 a prompt of half the context.
@@ -32,7 +32,7 @@ import torch
 
 from charlm import checkpoint
 from charlm.config import ModelConfig, preset
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 from charlm.models import build_model, count_params
 from charlm.tokenizer import CharTokenizer
 
@@ -50,7 +50,7 @@ VARIANTS = ("cache", "cache, torch step", "no cache")
 
 def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
     torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
-    gen = Generator(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
+    gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
     settings = SampleConfig(temperature=0.8, top_k=top_k, max_tokens=n_tokens, seed=seed)
     times = []
@@ -67,14 +67,14 @@ def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
 
 
 def heldout(ckpt: str, text_file: str) -> None:
-    """Teacher-forced bits/char and top-1 accuracy of the Generator's next-token logits along a text:
+    """Teacher-forced bits/char and top-1 accuracy of the Streamer's next-token logits along a text:
     the cache (a rolling cache past the context, for RoPE) against recomputing the window every token."""
     ck = checkpoint.load(ckpt)
     ids = ck.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"), unknown="drop")
     chars = len(ck.tokenizer.decode(ids[1:]))
     print(f"{ckpt}: {ck.model_config.to_dict()}, {len(ids) - 1:,} tokens scored ({chars:,} chars)")
     for use_cache in (True, False):
-        gen = Generator(ck.model, ck.tokenizer, use_cache=use_cache)
+        gen = Streamer(ck.model, ck.tokenizer, use_cache=use_cache)
         gen.ids, nats, hits = ids[:1], 0.0, 0
         for t in ids[1:]:
             logits = gen.next_logits().float()
@@ -105,7 +105,7 @@ def main() -> None:
     for size, dims in sizes.items():
         torch.manual_seed(0)
         model = build_model(ModelConfig(kind="transformer", vocab_size=TOKENIZER.vocab_size, **dims)).eval()
-        Generator(model, TOKENIZER).complete([0], SampleConfig(max_tokens=20, seed=0))  # warm-up
+        Streamer(model, TOKENIZER).complete([0], SampleConfig(max_tokens=20, seed=0))  # warm-up
         for n in args.tokens:
             results = {v: [] for v in args.variants}
             for r in range(args.repeats):

@@ -644,7 +644,7 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache,
            device, num_samples, unknown, echo, stats):
     """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
-    from charlm.generate import Generator
+    from charlm.generate import Streamer
     from charlm.runtime import pick_device
     from charlm.views.repl import StreamPrinter
 
@@ -655,7 +655,7 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
     ck = checkpoint.load(ckpt, device=pick_device(device))
     ids = ck.tokenizer.encode(text, unknown=unknown)
     shown = ck.tokenizer.decode(ids)  # the prompt as the model reads it (--unknown may have changed it)
-    gen = Generator(ck.model, ck.tokenizer, use_cache=not no_cache)
+    gen = Streamer(ck.model, ck.tokenizer, use_cache=not no_cache)
     console = Console(highlight=False)
     terminal = console.is_terminal  # a terminal gets safe, styled text; a pipe or file the exact text
     printer = StreamPrinter(console, "")

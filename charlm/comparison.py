@@ -23,7 +23,7 @@ import torch
 
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, UnknownCharactersInFile, evaluate_file
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 from charlm.tokenizer import UnknownCharactersError
 
 
@@ -32,7 +32,7 @@ class Contestant:
     """One model in the comparison, and what it did in the last run."""
 
     ckpt: Checkpoint
-    gen: Generator
+    gen: Streamer
     prompt: str = ""
     output: str = ""
     note: str | None = None  # why this model produced nothing (e.g. a prompt it cannot encode)
@@ -70,7 +70,7 @@ class Comparison:
     """Runs prompts through every model, round-robin one step per model, and keeps what each did."""
 
     def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig, unknown: str = "error"):
-        self.players = [Contestant(c, Generator(c.model, c.tokenizer)) for c in ckpts]
+        self.players = [Contestant(c, Streamer(c.model, c.tokenizer)) for c in ckpts]
         self.settings, self.unknown = settings, unknown
         self.last_seed = settings.seed
         self.eval_path = None

@@ -3,7 +3,7 @@
 sample_next_token(logits, settings, generator) -> token id is a function of its inputs alone: the same
 logits, settings and generator state always give the same token.
 
-Generator keeps the running text (token ids) and the model's cache (the Transformer's KV cache, the
+Streamer keeps the running text (token ids) and the model's cache (the Transformer's KV cache, the
 LSTM's state) so each new token costs one position, not a recompute of the whole text.
 """
 
@@ -108,7 +108,7 @@ class Stats:
                 "ttft_ms": round(self.ttft_ms, 2), "prompt_tokens": self.prompt_tokens}
 
 
-class Generator:
+class Streamer:
     """Streams text from a model, keeping the running text and the model's cache between calls.
 
     A Transformer sees at most its context, so the running text keeps the last `context` tokens. Once
@@ -179,7 +179,11 @@ class Generator:
             if self.fast is None:
                 self.fast = FastDecoder(self.model, self.cache)
             return self.fast.step(tokens[0])
-        return self.model(torch.tensor([tokens], dtype=torch.long, device=self.device), cache=self.cache)[0][0, -1]
+        idx = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        if len(tokens) == 1 and not self.model.has_attention:
+            with native_rnn_kernels():
+                return self.model(idx, cache=self.cache)[0][0, -1]
+        return self.model(idx, cache=self.cache)[0][0, -1]
 
     def stream(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> Iterator[str]:
         """Append prompt_ids to the running text, then yield the continuation as text pieces.
@@ -253,6 +257,19 @@ def one_thread():
         _one_thread_users -= 1
         if _one_thread_users == 0:
             torch.set_num_threads(_saved_threads)
+
+
+@contextmanager
+def native_rnn_kernels():
+    """PyTorch's own LSTM/GRU kernels instead of oneDNN's inside the block. For one token at a time oneDNN
+    carries a fixed cost that dwarfs the step: a 2 × 256 LSTM streams a token in ~1.5 ms with the native
+    kernel against ~4.3 ms (benchmarks/RESULTS.md, "Generation"). Longer inputs (a prompt, training) keep oneDNN."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

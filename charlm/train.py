@@ -31,7 +31,7 @@ from charlm import checkpoint, distributed, files, runs
 from charlm.checkpoint import Corpus, Saved
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
-from charlm.generate import Generator
+from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.runtime import autocast_dtype, pick_device
 from charlm.tokenizer import tokenizer_from_json
@@ -465,7 +465,7 @@ class Trainer:
         self.on_event(Phase(name="sampling"))
         self.model.eval()
         try:
-            return Generator(self.model, self.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed))
+            return Streamer(self.model, self.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed))
         finally:
             self.model.train()
 

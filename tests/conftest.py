@@ -4,15 +4,44 @@ are trained once per test session for the tests that need a trained model."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import pexpect
 import pytest
 import torch
+from click.testing import CliRunner
 
+from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.train import Trainer
+
+
+# ---- helpers the test files share -------------------------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences a terminal program writes
+
+
+def strip_ansi(screen: str) -> str:
+    """What a person reads on the screen: the text without escape sequences or carriage returns."""
+    return ANSI.sub("", screen).replace("\r", "")
+
+
+def cli(*args, input=None):
+    """`charlm ARGS` through Click's CliRunner (stdout and stderr apart), every argument as a string."""
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def one_line_error(r, *fragments: str, code: int = 1) -> str:
+    """The contract for every user error: exit code, a single 'error: ...' line on stderr, no traceback."""
+    assert r.exit_code == code, (r.exit_code, r.output)
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, repr(r.stderr)
+    assert "Traceback" not in r.output
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -23,6 +23,8 @@ from charlm.models.probes import head_stats
 from charlm.views.attention import AttnOptions, map_lines, parse_args, show_attention
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index, token_label
 
+from conftest import cli, strip_ansi
+
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
 ROW = re.compile(r"^\s*(\d+) ")
 NOTE = 5  # " 0.93" at the right of each map row
@@ -286,23 +288,19 @@ def test_no_attention_on_an_rnn_and_no_text(peaky, tok):
 # ---- the CLI, on checkpoints trained for a few steps ---------------------------------------------
 
 
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def test_cli_attn_char_and_bpe(view_runs):
-    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--width", "60")
+    r = cli("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--width", "60")
     assert r.exit_code == 0, r.output
     assert "layer 1, mean of 2 heads" in r.stdout and "R" in r.stdout
     rows = [line for line in r.stdout.splitlines() if ROW.match(line)]
     assert len(rows) == len("ROMEO:\nBut soft")
-    r = run("attn", view_runs["tf"], "-p", "O Romeo, Romeo!", "--overview", "--stats", "--focus", "-1", "--ascii",
+    r = cli("attn", view_runs["tf"], "-p", "O Romeo, Romeo!", "--overview", "--stats", "--focus", "-1", "--ascii",
             "--width", "70")
     assert r.exit_code == 0, r.output
     assert "L0H0" in r.stdout and "L1H1" in r.stdout and "most global" in r.stdout and "look at?" in r.stdout
     assert all(ord(ch) < 128 for ch in r.stdout)  # --ascii: nothing a plain terminal can't show
     assert all(cell_len(line) <= 70 for line in r.stdout.splitlines())
-    r = run("attn", view_runs["bpe"], "--prompt", "JULIET:\nO Romeo, wherefore", "--layer", "0", "--head", "1",
+    r = cli("attn", view_runs["bpe"], "--prompt", "JULIET:\nO Romeo, wherefore", "--layer", "0", "--head", "1",
             "--tokens", "6")
     assert r.exit_code == 0, r.output
     assert "layer 0, head 1" in r.stdout and "Ġ" not in r.stdout
@@ -319,7 +317,7 @@ def test_cli_attn_char_and_bpe(view_runs):
     (["--tokens", "0"], "tokens must be at least 1"),
 ])
 def test_cli_attn_errors_are_one_line(view_runs, args, message):
-    r = run("attn", view_runs["tf"], "--prompt", "ROMEO: But soft, what light", *args)
+    r = cli("attn", view_runs["tf"], "--prompt", "ROMEO: But soft, what light", *args)
     assert r.exit_code != 0
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -331,10 +329,10 @@ def test_cli_attn_wrong_model_prompt_and_checkpoint(view_runs, tmp_path):
         ([view_runs["tf"], "-p", "zebra ☃"], "never saw"),
         ([tmp_path / "nothing", "-p", "ROMEO"], "no such checkpoint"),
     ):
-        r = run("attn", *args)
+        r = cli("attn", *args)
         assert r.exit_code != 0 and message in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
-    r = run("attn", view_runs["tf"], "-p", "ROMEO ☃", "--unknown", "drop")
+    r = cli("attn", view_runs["tf"], "-p", "ROMEO ☃", "--unknown", "drop")
     assert r.exit_code == 0, r.output
 
 
@@ -346,7 +344,7 @@ def test_attn_in_chat_in_a_real_terminal(view_runs, chat_pty):
     child.expect_exact(">>> ")
     child.sendline("/attn 0 1 tokens 8")
     child.expect_exact(">>> ")
-    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    screen = strip_ansi(child.before)
     assert "layer 0, head 1" in screen and "tokens 3..10 of 11" in screen  # 6 typed + 5 generated tokens
     assert len([line for line in screen.splitlines() if ROW.match(line)]) == 8
     assert "move with end N, size with tokens N" in screen  # the REPL's words, not the CLI's flags
@@ -385,7 +383,7 @@ def test_views_fit_the_terminal_height_with_the_legend_first(peaky, tok, args):
 
 
 def test_hints_name_the_cli_flags_in_the_cli_and_the_words_in_chat(view_runs, peaky, tok):
-    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--tokens", "5")
+    r = cli("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft", "--tokens", "5")
     assert r.exit_code == 0, r.output
     assert "move with --end N, size with --tokens N" in r.stdout
     text, _ = render(peaky, tok, tok.encode(TEXT), ["tokens", "5"])
@@ -422,7 +420,7 @@ def test_focus_by_a_piece_of_text_or_a_position_and_a_miss_lists_the_nearest_tok
 def test_bpe_column_labels_read_down_their_column_whole(view_runs):
     """Regression (issue 13): BPE column headers were clipped to two characters and stacked in pieces."""
     prompt = "JULIET:\nO Romeo, wherefore art thou"
-    r = run("attn", view_runs["bpe"], "--prompt", prompt, "--width", "100")
+    r = cli("attn", view_runs["bpe"], "--prompt", prompt, "--width", "100")
     assert r.exit_code == 0, r.output
     ck = checkpoint.load(view_runs["bpe"])
     ids = ck.tokenizer.encode(prompt)
@@ -440,7 +438,7 @@ def test_bpe_column_labels_read_down_their_column_whole(view_runs):
 
 
 def test_stats_explain_themselves_and_fit_60_columns(view_runs):
-    r = run("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft, what light", "--stats", "--width", "60")
+    r = cli("attn", view_runs["tf"], "--prompt", "ROMEO:\nBut soft, what light", "--stats", "--width", "60")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert all(cell_len(line) <= 60 for line in lines)
@@ -454,8 +452,8 @@ def test_stats_explain_themselves_and_fit_60_columns(view_runs):
 def test_cli_attn_reads_the_prompt_from_a_file_or_stdin(view_runs, tmp_path):
     prompt = "ROMEO:\nBut soft"
     (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
-    direct = run("attn", view_runs["tf"], "--prompt", prompt)
-    from_file = run("attn", view_runs["tf"], "--prompt-file", tmp_path / "p.txt")
+    direct = cli("attn", view_runs["tf"], "--prompt", prompt)
+    from_file = cli("attn", view_runs["tf"], "--prompt-file", tmp_path / "p.txt")
     piped = CliRunner().invoke(main, ["attn", str(view_runs["tf"])], input=prompt)
     assert direct.exit_code == from_file.exit_code == piped.exit_code == 0, piped.output
     assert direct.stdout == from_file.stdout == piped.stdout

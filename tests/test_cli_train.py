@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from charlm import checkpoint
-from charlm.cli import main
 from charlm.train import Trainer
+
+from conftest import cli, one_line_error
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -39,25 +39,10 @@ def corpus(tmp_path) -> Path:
     return path
 
 
-def charlm(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def train(corpus, out, *extra):
-    r = charlm("train", corpus, *TINY, "--out", out, *extra)
+    r = cli("train", corpus, *TINY, "--out", out, *extra)
     assert r.exit_code == 0, r.output
     return r
-
-
-def one_line_error(r, *fragments: str, code: int = 1) -> str:
-    """The contract for every user error: exit code, a single 'error: ...' line on stderr, no traceback."""
-    assert r.exit_code == code, (r.exit_code, r.output)
-    err = r.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, repr(r.stderr)
-    assert "Traceback" not in r.output
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    return err
 
 
 @pytest.fixture
@@ -86,14 +71,14 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
 
 
 def test_info_on_a_run_directory_and_a_file(run):
-    r = charlm("info", run)
+    r = cli("info", run)
     assert r.exit_code == 0 and r.stderr == ""
     for text in ("transformer (1 layers × 32, 2 heads, rope", f"char, {len(set(TEXT))} tokens", "10 steps in", "nats/token",
                  "bits/char", "citizens.txt (sha256", "best.pt"):
         assert text in r.stdout, text
     assert r.stdout.count("…") == 1  # only the abbreviated hash: long values (the path) wrap, never cut off
     for target in (run, run / "last.pt"):
-        r = charlm("info", target, "--json")
+        r = cli("info", target, "--json")
         assert r.exit_code == 0
         info = json.loads(r.stdout)
         assert {"model", "tokenizer", "vocab_size", "params", "steps", "train_seconds", "best_val_loss",
@@ -109,18 +94,18 @@ def test_default_run_directory_is_numbered_not_clobbered(corpus, tmp_path, monke
     """`charlm train CORPUS` with a time budget writes checkpoints/<corpus>-transformer-char/; a second
     run gets a -2 directory; --resume without --out continues the latest."""
     monkeypatch.chdir(tmp_path)
-    first = charlm("train", corpus.name, *TINY, "--max-time", "1s", "--sample-tokens", 40)
+    first = cli("train", corpus.name, *TINY, "--max-time", "1s", "--sample-tokens", 40)
     assert first.exit_code == 0, first.output
     assert "saving to checkpoints/citizens-transformer-char" in first.stdout and "sample:" in first.stdout
     assert "--max-time ran out" in first.stdout
     one = tmp_path / "checkpoints" / "citizens-transformer-char"
     before = (one / "last.pt").read_bytes()
-    second = charlm("train", corpus.name, *TINY, "--steps", 3)
+    second = cli("train", corpus.name, *TINY, "--steps", 3)
     assert second.exit_code == 0, second.output
     two = tmp_path / "checkpoints" / "citizens-transformer-char-2"
     assert checkpoint.load(two / "last.pt").saved.step == 3
     assert (one / "last.pt").read_bytes() == before
-    third = charlm("train", corpus.name, "--resume", "--steps", 5)
+    third = cli("train", corpus.name, "--resume", "--steps", 5)
     assert third.exit_code == 0, third.output
     assert "resuming at step 3" in third.stdout
     assert checkpoint.load(two / "last.pt").saved.step == 5
@@ -133,7 +118,7 @@ def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
         out = tmp_path / name
         r = train(corpus, out, "--steps", 2)
         assert f"saving to {out}\n" in r.stdout and f"charlm chat '{out}'\n" in r.stdout
-        info = charlm("info", out)
+        info = cli("info", out)
         assert info.exit_code == 0 and info.stdout.startswith(out.name + " ")
 
 
@@ -151,7 +136,7 @@ def test_crlf_corpus_simply_works(tmp_path):
 
 def test_resume_continues_to_the_new_total(run, corpus):
     before = (run / "metrics.jsonl").read_text()
-    r = charlm("train", corpus, "--out", run, "--resume", "--steps", 20, "--eval-interval", 5)
+    r = cli("train", corpus, "--out", run, "--resume", "--steps", 20, "--eval-interval", 5)
     assert r.exit_code == 0, r.output
     assert "resuming at step 10" in r.stdout and "20 (reached --steps)" in r.stdout
     metrics = (run / "metrics.jsonl").read_text()
@@ -166,7 +151,7 @@ def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
     out = tmp_path / "run"
     train(corpus, out, "--max-time", "0.5s")
     reached = checkpoint.read(out / "last.pt").step
-    r = charlm("train", corpus, "--out", out, "--resume", "--steps", reached + 4)
+    r = cli("train", corpus, "--out", out, "--resume", "--steps", reached + 4)
     assert r.exit_code == 0, r.output
     saved = checkpoint.read(out / "last.pt")
     assert saved.step == reached + 4 and saved.train_config.max_time is None
@@ -268,14 +253,14 @@ def test_bad_input_is_one_line_and_writes_nothing(corpus, tmp_path, name, monkey
     args = make_args(tmp_path)
     if "--out" not in args and len(args) > 1:
         args += ["--out", tmp_path / "out"]
-    one_line_error(charlm(*args), message, code=2 if name in CLICK_ERRORS else 1)
+    one_line_error(cli(*args), message, code=2 if name in CLICK_ERRORS else 1)
     assert not (tmp_path / "out").exists() and not (tmp_path / "checkpoints").exists()
 
 
 def test_cuda_asked_but_absent(corpus, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    one_line_error(charlm("train", corpus, "--device", "cuda", "--out", tmp_path / "out"),
+    one_line_error(cli("train", corpus, "--device", "cuda", "--out", tmp_path / "out"),
                    "--device cuda was asked for, but PyTorch sees no CUDA GPU")
     assert not (tmp_path / "out").exists()
 
@@ -295,7 +280,7 @@ def test_unwritable_output_directory(corpus, tmp_path):
     args = ["train", corpus, *TINY, "--steps", 2, "--out", locked / "run"]
     try:
         if os.geteuid() != 0:
-            err = one_line_error(charlm(*args), "is not writable")
+            err = one_line_error(cli(*args), "is not writable")
         else:  # root writes anywhere: run the real command as root without that power
             try:
                 proc = subprocess.run([sys.executable, "-m", "charlm", *map(str, args)], capture_output=True, text=True,
@@ -334,7 +319,7 @@ def test_resume_refusals(run, corpus, tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     make_args, message = RESUME_ERRORS[name]
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    one_line_error(charlm("train", corpus, *make_args(run, tmp_path)), message)
+    one_line_error(cli("train", corpus, *make_args(run, tmp_path)), message)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     assert not (tmp_path / "empty-run").exists()
 
@@ -343,13 +328,13 @@ def test_resume_with_another_text(run, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text(TEXT.lower(), encoding="utf-8")
     before = (run / "last.pt").read_bytes()
-    one_line_error(charlm("train", other, "--out", run, "--resume", "--steps", 20), "other.txt is not the text this run was trained on")
+    one_line_error(cli("train", other, "--out", run, "--resume", "--steps", 20), "other.txt is not the text this run was trained on")
     assert (run / "last.pt").read_bytes() == before
 
 
 def test_resume_from_a_damaged_checkpoint(run, corpus):
     (run / "last.pt").write_bytes((run / "last.pt").read_bytes()[:5000])
-    one_line_error(charlm("train", corpus, "--out", run, "--resume", "--steps", 20), "truncated or corrupt")
+    one_line_error(cli("train", corpus, "--out", run, "--resume", "--steps", 20), "truncated or corrupt")
 
 
 def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
@@ -359,7 +344,7 @@ def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
     saved.model = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in saved.model.items()}
     checkpoint.save(saved, run / "last.pt")
     before = (run / "last.pt").read_bytes()
-    one_line_error(charlm("train", corpus, "--out", run, "--resume", "--steps", 20),
+    one_line_error(cli("train", corpus, "--out", run, "--resume", "--steps", 20),
                    "the loss became nan at step 11: training stopped, and the last good checkpoint in", "try a lower --lr")
     assert (run / "last.pt").read_bytes() == before
 
@@ -414,7 +399,7 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     for k, v in whole.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[k], v), k
 
-    r = charlm("train", corpus, "--out", out, "--resume", "--steps", step + 3)
+    r = cli("train", corpus, "--out", out, "--resume", "--steps", step + 3)
     assert r.exit_code == 0, r.output
     assert f"resuming at step {step}" in r.stdout
     assert checkpoint.read(out / "last.pt").step == step + 3

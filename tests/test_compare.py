@@ -14,15 +14,13 @@ from rich.console import Console
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 from charlm.comparison import Comparison
 from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 
+from conftest import cli, strip_ansi
 
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def blocks(stdout: str) -> dict[str, str]:
@@ -43,21 +41,21 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 def test_plain_output_blocks_equal_each_model_generating_alone(cmp_runs):
     """Interleaving the models round-robin must not change what any of them writes: each block equals
     that checkpoint generating alone with the same seed and settings."""
-    r = run("compare", cmp_runs["lstm"], cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "15",
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "15",
             "--seed", "7", "--temperature", "0.9", "--top-k", "10")
     assert r.exit_code == 0, r.output
     got = blocks(r.stdout)
     assert list(got) == ["cmp-lstm", "cmp-tf", "cmp-bpe"]
     for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf"), ("cmp-bpe", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
-        alone = Generator(ck.model, ck.tokenizer).complete(
+        alone = Streamer(ck.model, ck.tokenizer).complete(
             ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=15, seed=7))
         assert got[name] == safe_text("the cat" + alone)
     assert "== cmp-lstm (lstm · char" in r.stdout and "== cmp-bpe (transformer · bpe · 2" in r.stdout
 
 
 def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corpus):
-    r = run("compare", cmp_runs["lstm"], cmp_runs["tf"], "--prompt", "the", "-n", "5", "--seed", "1",
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["tf"], "--prompt", "the", "-n", "5", "--seed", "1",
             "--eval", cmp_corpus)
     assert r.exit_code == 0, r.output
     rows = table_rows(r.stdout)
@@ -68,7 +66,7 @@ def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corp
         params, steps, _, val, ev, tps, cps, ttft = rows[name]
         assert params == f"{ck.saved.params / 1e3:.3g}k" and steps == "30"
         assert float(val.rstrip("*")) == pytest.approx(ck.saved.best_val_bpc, abs=6e-4)
-        alone = json.loads(run("eval", cmp_runs[key], cmp_corpus, "--json").stdout)
+        alone = json.loads(cli("eval", cmp_runs[key], cmp_corpus, "--json").stdout)
         assert float(ev.rstrip("*")) == pytest.approx(alone["bits_per_char"], abs=6e-4)
         assert float(tps.rstrip("*").replace(",", "")) > 0 and float(ttft.rstrip("*")) > 0
         assert cps.rstrip("*") == tps.rstrip("*")  # a char model: one character per token
@@ -106,7 +104,7 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
 
 
 def test_chars_per_second_beside_tokens_per_second(cmp_runs):
-    r = run("compare", cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the", "-n", "30", "--seed", "1", "--json")
+    r = cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the", "-n", "30", "--seed", "1", "--json")
     assert r.exit_code == 0, r.output
     tf, bpe = json.loads(r.stdout)["models"]
     for m in (tf, bpe):
@@ -117,7 +115,7 @@ def test_chars_per_second_beside_tokens_per_second(cmp_runs):
 
 
 def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
-    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "40", "--seed", "3",
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "40", "--seed", "3",
             "--repetition-penalty", "1.3", "--stop", "the", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -125,11 +123,11 @@ def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
     assert out["settings"]["repetition_penalty"] == 1.3 and out["settings"]["stop"] == ["the"]
     for m, key in zip(out["models"], ("lstm", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
-        alone = Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("the cat"), SampleConfig(
+        alone = Streamer(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("the cat"), SampleConfig(
             max_tokens=40, seed=3, repetition_penalty=1.3, stop=["the"]))
         assert m["text"] == alone and "the" not in m["text"]
         assert m["run"] == f"cmp-{key}" and m["steps"] == 30 and m["best_val_bpc"] > 0
-    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "--json")
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "--json")
     assert r.exit_code != 0 and "drop --interactive or --json" in r.stderr
 
 
@@ -154,17 +152,17 @@ def test_at_60_columns_every_column_and_whole_names_are_shown(cmp_runs, tmp_path
 
 
 def test_a_prompt_one_char_model_cannot_encode_is_noted_for_that_model_only(cmp_runs, tmp_path):
-    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--seed", "1")
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--seed", "1")
     assert r.exit_code == 0, r.output
     got = blocks(r.stdout)
     assert "never saw: 'é'" in got["cmp-lstm"] and "\n" not in got["cmp-lstm"]
     assert got["cmp-bpe"].startswith("the café")
     assert table_rows(r.stdout)["cmp-lstm"][-2:] == ["—", "—"]  # no tokens/s, no TTFT
-    dropped = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--unknown", "drop")
+    dropped = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the café", "-n", "5", "--unknown", "drop")
     assert blocks(dropped.stdout)["cmp-lstm"].startswith("the caf")
     # an eval file a char model cannot read: a dash and a note for it, a number for the BPE model
     (tmp_path / "accents.txt").write_text("the café sat on the mat\n", encoding="utf-8")
-    r = run("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-n", "3", "--eval", tmp_path / "accents.txt")
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-n", "3", "--eval", tmp_path / "accents.txt")
     assert r.exit_code == 0, r.output
     rows = table_rows(r.stdout)
     assert rows["cmp-lstm"][4] == "—" and float(rows["cmp-bpe"][4].rstrip("*")) > 0
@@ -173,7 +171,7 @@ def test_a_prompt_one_char_model_cannot_encode_is_noted_for_that_model_only(cmp_
 
 def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs):
     prompt = "[bold red]x[/] \x1b[31m \x07 "
-    r = run("compare", cmp_runs["bpe"], cmp_runs["bpe"], "--prompt", prompt, "-n", "3", "--seed", "1")
+    r = cli("compare", cmp_runs["bpe"], cmp_runs["bpe"], "--prompt", prompt, "-n", "3", "--seed", "1")
     assert r.exit_code == 0, r.output
     assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
@@ -214,7 +212,7 @@ def test_user_errors_are_one_line_and_name_the_checkpoint(cmp_runs, tmp_path):
         (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--eval", tmp_path / "nope.txt"), ["no such file", "nope.txt"]),
     ]
     for args, words in cases:
-        r = run(*args)
+        r = cli(*args)
         assert r.exit_code != 0 and "Traceback" not in r.output, args
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:"), (args, r.stderr)
@@ -288,7 +286,7 @@ def compare_pty(cmp_runs, tmp_path, *args) -> pexpect.spawn:
 def ask(child: pexpect.spawn, line: str) -> str:
     child.sendline(line)
     child.expect_exact(">>> ")
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r", "")
+    return strip_ansi(child.before)
 
 
 def test_interactive_set_changes_the_next_prompts_settings_and_is_not_sent_as_a_prompt(cmp_runs, tmp_path):

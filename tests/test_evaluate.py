@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from click.testing import CliRunner
 
-from charlm.cli import main
 from charlm.config import ConfigError, ModelConfig
 from charlm.data import CorpusError
 from charlm.evaluate import evaluate_file, evaluate_ids, token_nats
 from charlm.models import build_model
 from charlm.tokenizer import BPETokenizer, CharTokenizer
+
+from conftest import cli, one_line_error
 
 TEXT = "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. 中文 😀\n" * 3
 
@@ -151,24 +151,10 @@ def test_too_short_and_bad_stride_are_user_errors(tmp_path):
 # ---- the CLI ------------------------------------------------------------------------------------
 
 
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_line_error(result, *words):
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for w in words:
-        assert w in lines[0]
-    return lines[0]
-
-
 def test_cli_eval_json_matches_the_library(cmp_runs, cmp_corpus):
     from charlm import checkpoint
 
-    r = run("eval", cmp_runs["bpe"], cmp_corpus, "--json")
+    r = cli("eval", cmp_runs["bpe"], cmp_corpus, "--json")
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)  # one JSON object and nothing else on stdout
     for key in ("loss", "bits_per_char", "bits_per_byte", "tokens", "chars", "bytes", "perplexity", "seconds"):
@@ -183,20 +169,20 @@ def test_cli_eval_json_matches_the_library(cmp_runs, cmp_corpus):
 
 
 def test_cli_eval_table(cmp_runs, cmp_corpus):
-    r = run("eval", cmp_runs["lstm"], cmp_corpus)
+    r = cli("eval", cmp_runs["lstm"], cmp_corpus)
     assert r.exit_code == 0, r.output
     assert "bits/char" in r.stdout and "bits/byte" in r.stdout and "one pass, state carried" in r.stdout
 
 
 def test_cli_eval_user_errors_are_one_line(cmp_runs, cmp_corpus, tmp_path):
-    one_line_error(run("eval", tmp_path / "nope", cmp_corpus), "no such checkpoint", "nope")
-    one_line_error(run("eval", cmp_runs["tf"], tmp_path / "missing.txt"), "no such file", "missing.txt")
+    one_line_error(cli("eval", tmp_path / "nope", cmp_corpus), "no such checkpoint", "nope")
+    one_line_error(cli("eval", cmp_runs["tf"], tmp_path / "missing.txt"), "no such file", "missing.txt")
     (tmp_path / "bin.dat").write_bytes(bytes(range(256)) * 4)
-    one_line_error(run("eval", cmp_runs["tf"], tmp_path / "bin.dat"), "binary")
+    one_line_error(cli("eval", cmp_runs["tf"], tmp_path / "bin.dat"), "binary")
     (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
-    one_line_error(run("eval", cmp_runs["tf"], tmp_path / "latin1.txt"), "not UTF-8")
+    one_line_error(cli("eval", cmp_runs["tf"], tmp_path / "latin1.txt"), "not UTF-8")
     (tmp_path / "accents.txt").write_text("the café sat\n", encoding="utf-8")
-    one_line_error(run("eval", cmp_runs["tf"], tmp_path / "accents.txt"), "'é'", "--unknown drop")
-    one_line_error(run("eval", cmp_runs["tf"], cmp_corpus, "--stride", "0"), "--stride")
-    dropped = run("eval", cmp_runs["tf"], tmp_path / "accents.txt", "--unknown", "drop", "--json")
+    one_line_error(cli("eval", cmp_runs["tf"], tmp_path / "accents.txt"), "'é'", "--unknown drop")
+    one_line_error(cli("eval", cmp_runs["tf"], cmp_corpus, "--stride", "0"), "--stride")
+    dropped = cli("eval", cmp_runs["tf"], tmp_path / "accents.txt", "--unknown", "drop", "--json")
     assert dropped.exit_code == 0 and json.loads(dropped.stdout)["unknown_dropped"] == 1

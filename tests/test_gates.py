@@ -22,6 +22,8 @@ from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
 from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, shade_index
 
+from conftest import cli, strip_ansi
+
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
 
@@ -201,16 +203,12 @@ def test_window_and_errors(tok):
         render(lstm, tok, [], text="")
 
 
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def test_cli_gates(view_runs):
-    r = run("gates", view_runs["lstm"], "--prompt", "ROMEO:\nBut soft", "--layer", "0", "--units", "4", "--width", "70")
+    r = cli("gates", view_runs["lstm"], "--prompt", "ROMEO:\nBut soft", "--layer", "0", "--units", "4", "--width", "70")
     assert r.exit_code == 0, r.output
     assert "LSTM layer 0: 4 of 32 units" in r.stdout and "forget gate" in r.stdout and "cell state" in r.stdout
     assert all(cell_len(line) <= 70 for line in r.stdout.splitlines())
-    r = run("gates", view_runs["gru"], "-p", "JULIET:\nO Romeo", "--units", "1,2", "--ascii")
+    r = cli("gates", view_runs["gru"], "-p", "JULIET:\nO Romeo", "--units", "1,2", "--ascii")
     assert r.exit_code == 0, r.output
     assert "update gate" in r.stdout and "reset gate" in r.stdout and "hidden state" in r.stdout
     assert all(ord(ch) < 128 for ch in r.stdout)
@@ -225,7 +223,7 @@ def test_cli_gates(view_runs):
     ("gru", ["--prompt", ""], "--prompt is empty"),
 ])
 def test_cli_gates_errors_are_one_line(view_runs, run_name, args, message):
-    r = run("gates", view_runs[run_name], "--prompt", "ROMEO", *args)
+    r = cli("gates", view_runs[run_name], "--prompt", "ROMEO", *args)
     assert r.exit_code != 0
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -238,7 +236,7 @@ def test_gates_in_chat_in_a_real_terminal(view_runs, chat_pty):
     child.expect_exact(">>> ")
     child.sendline("/gates 0 units 3")
     child.expect_exact(">>> ")
-    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before)
+    screen = strip_ansi(child.before)
     assert "LSTM layer 0: 3 of 32 units" in screen and "forget gate" in screen and "cell state" in screen
     assert len([line for line in screen.splitlines() if UNIT_ROW.match(line)]) == 4 * 3  # f, i, o, c
     child.sendline("/attn")
@@ -277,11 +275,11 @@ def test_the_sign_legend_shows_both_glyph_families(tok):
 def test_cli_gates_reads_the_prompt_from_a_file_or_stdin_and_names_its_flags(view_runs, tmp_path):
     prompt = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"
     (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
-    direct = run("gates", view_runs["lstm"], "--prompt", prompt, "--tokens", "10")
-    from_file = run("gates", view_runs["lstm"], "--prompt-file", tmp_path / "p.txt", "--tokens", "10")
+    direct = cli("gates", view_runs["lstm"], "--prompt", prompt, "--tokens", "10")
+    from_file = cli("gates", view_runs["lstm"], "--prompt-file", tmp_path / "p.txt", "--tokens", "10")
     piped = CliRunner().invoke(main, ["gates", str(view_runs["lstm"]), "--tokens", "10"], input=prompt)
     assert direct.exit_code == from_file.exit_code == piped.exit_code == 0, piped.output
     assert direct.stdout == from_file.stdout == piped.stdout
     assert "showing tokens 39..48; move with --end N, size with --tokens N" in direct.stdout
-    r = run("gates", view_runs["lstm"], "--prompt", "x", "--prompt-file", tmp_path / "p.txt")
+    r = cli("gates", view_runs["lstm"], "--prompt", "x", "--prompt-file", tmp_path / "p.txt")
     assert r.exit_code != 0 and "give --prompt or --prompt-file, not both" in r.stderr

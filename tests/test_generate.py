@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from charlm.config import ConfigError, ModelConfig
-from charlm.generate import Generator, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
+from charlm.generate import Streamer, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
 from charlm.models import build_model
 from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import BPETokenizer, CharTokenizer
@@ -190,13 +190,13 @@ def test_same_seed_same_text_different_seed_different_text():
     model = model_of()
     s = SampleConfig(temperature=1.0, max_tokens=80, seed=11)
     prompt = CHARS.encode("hello there")
-    a = Generator(model, CHARS).complete(prompt, s)
-    b = Generator(model, CHARS).complete(prompt, s)
-    gen = Generator(model, CHARS)
+    a = Streamer(model, CHARS).complete(prompt, s)
+    b = Streamer(model, CHARS).complete(prompt, s)
+    gen = Streamer(model, CHARS)
     gen.complete(CHARS.encode("something else"), s)
     gen.reset()
     c = gen.complete(prompt, s)  # a used generator, reset, is as good as new
-    d = Generator(model, CHARS).complete(prompt, SampleConfig(temperature=1.0, max_tokens=80, seed=12))
+    d = Streamer(model, CHARS).complete(prompt, SampleConfig(temperature=1.0, max_tokens=80, seed=12))
     assert a == b == c
     assert len(a) == 80 and a != d
 
@@ -208,24 +208,24 @@ def test_cached_and_uncached_generation_agree(positions, layers):
     model = model_of(positions=positions, layers=layers, context=16)
     s = SampleConfig(temperature=0, max_tokens=60)
     prompt = CHARS.encode("the cat")
-    assert Generator(model, CHARS).complete(prompt, s) == Generator(model, CHARS, use_cache=False).complete(prompt, s)
+    assert Streamer(model, CHARS).complete(prompt, s) == Streamer(model, CHARS, use_cache=False).complete(prompt, s)
 
 
 def test_rolling_cache_generation_is_sliding_window_attention():
     """Greedy generation with a rolling cache picks, at every step, the argmax of the sliding-window
     reference over the whole text so far."""
     model = model_of(context=16, layers=3)
-    gen = Generator(model, CHARS)
+    gen = Streamer(model, CHARS)
     text = CHARS.encode("the cat") + CHARS.encode(gen.complete(CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))
     with torch.no_grad():
         reference = sliding_window_logits(model, text[:-1]).argmax(-1)
     assert text[7:] == reference[6:].tolist()
-    assert text != CHARS.encode("the cat" + Generator(model, CHARS, use_cache=False).complete(
+    assert text != CHARS.encode("the cat" + Streamer(model, CHARS, use_cache=False).complete(
         CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))  # the two semantics do differ here
 
 
 def test_stats_are_filled():
-    gen = Generator(model_of(), CHARS)
+    gen = Streamer(model_of(), CHARS)
     gen.complete(CHARS.encode("abc"), SampleConfig(max_tokens=30, seed=0))
     d = gen.stats.to_dict()
     assert d["tokens"] == 30 and d["prompt_tokens"] == 3 and d["seconds"] > 0 and d["tokens_per_s"] > 0
@@ -233,7 +233,7 @@ def test_stats_are_filled():
 
 
 def test_empty_prompt_starts_from_a_newline():
-    gen = Generator(model_of(), CHARS)
+    gen = Streamer(model_of(), CHARS)
     text = gen.complete([], SampleConfig(max_tokens=5, seed=0))
     assert len(text) == 5 and gen.ids[0] == CHARS.encode("\n")[0]
 
@@ -248,7 +248,7 @@ def test_stop_strings_cut_exactly_even_across_tokens(tokenizer):
     tokens = tokens_by_hand(model, tok, "the ", settings)
     data = [tok.token_bytes(t) for t in tokens]
     free = b"".join(data).decode("utf-8", errors="replace")
-    assert Generator(model, tok).complete(tok.encode("the "), settings) == free
+    assert Streamer(model, tok).complete(tok.encode("the "), settings) == free
     # a boundary between two tokens a third of the way in (where the bytes so far are whole characters)
     cut = None
     for i in range(len(data)):
@@ -261,17 +261,17 @@ def test_stop_strings_cut_exactly_even_across_tokens(tokenizer):
     stop = free[cut - 2: cut + 2]
     first = free.find(stop)
     with_stop = SampleConfig(**{**settings.to_dict(), "stop": [stop]})
-    pieces = list(Generator(model, tok).stream(tok.encode("the "), with_stop))
+    pieces = list(Streamer(model, tok).stream(tok.encode("the "), with_stop))
     assert "".join(pieces) == free[:first]
     # of two stop strings, the earlier one wins
     other = free[first + 5: first + 8]
     both = SampleConfig(**{**settings.to_dict(), "stop": [other, stop]})
-    assert Generator(model, tok).complete(tok.encode("the "), both) == free[: min(first, free.find(other))]
+    assert Streamer(model, tok).complete(tok.encode("the "), both) == free[: min(first, free.find(other))]
 
 
 def tokens_by_hand(model, tok, prompt: str, settings: SampleConfig) -> list[int]:
-    """The generation of Generator.stream, step by step by hand: the new token ids."""
-    gen = Generator(model, tok)
+    """The generation of Streamer.stream, step by step by hand: the new token ids."""
+    gen = Streamer(model, tok)
     generator = torch.Generator().manual_seed(settings.seed)
     gen.ids = tok.encode(prompt)
     out = []
@@ -308,7 +308,7 @@ def test_generator_streams_bpe_bytes_like_a_whole_decode():
     tok = BPETokenizer.train([text], 300)
     model = model_of(vocab=tok.vocab_size, context=24, scale=0.1)
     settings = SampleConfig(temperature=1.0, max_tokens=300, seed=3)
-    pieces = list(Generator(model, tok).stream(tok.encode("日本"), settings))
+    pieces = list(Streamer(model, tok).stream(tok.encode("日本"), settings))
     whole = decode_at_once(model, tok, "日本", settings)
     assert "".join(pieces) == whole
     assert sum(ord(c) > 0x3000 and c != "\ufffd" for c in whole) > 10  # it did make multi-byte characters
@@ -354,13 +354,13 @@ def sliding_window_logits(model, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind,positions,fast", CONFIGS)
 def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast):
-    """Every step of the Generator (prefill, one-token steps, window slides and re-prefills, a rolled
+    """Every step of the Streamer (prefill, one-token steps, window slides and re-prefills, a rolled
     cache) gives the logits of one full forward pass: for RoPE the sliding-window pass over the whole
     text so far, for learned and sinusoidal positions the pass over the last context tokens (what the
     generator holds), for an RNN the pass over the whole text."""
     model = model_of(kind, positions, context=16)
     g = torch.Generator().manual_seed(7)
-    gen = Generator(model, CHARS, fast_decode=fast)
+    gen = Streamer(model, CHARS, fast_decode=fast)
     gen.ids = torch.randint(0, CHARS.vocab_size, (5,), generator=g).tolist()
     text = list(gen.ids)
     slides, worst = 0, 0.0
@@ -418,7 +418,7 @@ def test_transformer_cache_refuses_to_overflow():
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
 def test_five_thousand_tokens_with_a_tiny_context(kind):
     model = model_of(kind, context=8, layers=1, d_model=16, heads=2)
-    gen = Generator(model, CHARS)
+    gen = Streamer(model, CHARS)
     text = gen.complete(CHARS.encode("abc"), SampleConfig(temperature=1.0, max_tokens=5000, seed=0))
     assert gen.stats.tokens == 5000 and len(text) == 5000
     if kind == "transformer":
@@ -431,8 +431,8 @@ def test_generation_leaves_the_thread_count_alone_even_when_streams_interleave()
     try:
         torch.set_num_threads(2)
         model = model_of()
-        a = Generator(model, CHARS).stream(CHARS.encode("a"), SampleConfig(max_tokens=5, seed=0))
-        b = Generator(model, CHARS).stream(CHARS.encode("b"), SampleConfig(max_tokens=5, seed=0))
+        a = Streamer(model, CHARS).stream(CHARS.encode("a"), SampleConfig(max_tokens=5, seed=0))
+        b = Streamer(model, CHARS).stream(CHARS.encode("b"), SampleConfig(max_tokens=5, seed=0))
         next(a)
         next(b)
         assert torch.get_num_threads() == 1
@@ -450,7 +450,7 @@ def test_one_layer_rolling_cache_equals_a_full_pass_over_the_last_window(fast):
     the model's own forward over the last context tokens."""
     model = model_of(layers=1, context=16)
     g = torch.Generator().manual_seed(9)
-    gen = Generator(model, CHARS, fast_decode=fast)
+    gen = Streamer(model, CHARS, fast_decode=fast)
     gen.ids = torch.randint(0, CHARS.vocab_size, (3,), generator=g).tolist()
     worst = 0.0
     for _ in range(50):
@@ -470,7 +470,7 @@ def test_text_added_in_pieces_to_a_full_window(positions):
     the context starts again from its last context tokens."""
     model = model_of(positions=positions, context=16)
     g = torch.Generator().manual_seed(10)
-    gen = Generator(model, CHARS)
+    gen = Streamer(model, CHARS)
     text, start = [], 0  # the model's view begins at text[start] (after a restart)
     for n in (12, 1, 5, 3, 1, 20, 1, 7, 15, 2):
         piece = torch.randint(0, CHARS.vocab_size, (n,), generator=g).tolist()
@@ -492,7 +492,7 @@ def test_text_added_in_pieces_to_a_full_window(positions):
 def test_a_long_prompt_is_cut_to_the_last_context_tokens(positions):
     model = model_of(positions=positions, context=16)
     prompt = torch.randint(0, CHARS.vocab_size, (50,), generator=torch.Generator().manual_seed(11)).tolist()
-    gen = Generator(model, CHARS)
+    gen = Streamer(model, CHARS)
     gen.ids = list(prompt)
     logits = gen.next_logits()
     assert gen.ids == prompt[-16:] and gen.cache.pos == 16
@@ -522,6 +522,6 @@ def test_top_k_of_the_whole_vocabulary_stays_on_the_fast_path(monkeypatch):
 def test_a_bfloat16_model_rolls_on_the_torch_path():
     """The numpy step is float32 only; the torch step must roll too, its rope past the table in the model's dtype."""
     model = model_of(context=8).to(torch.bfloat16)
-    gen = Generator(model, CHARS)
+    gen = Streamer(model, CHARS)
     text = gen.complete(CHARS.encode("abc"), SampleConfig(temperature=1.0, max_tokens=30, seed=0))
     assert len(text) == 30 and gen.fast is None and gen.cache.pos == 32 and gen.cache.k.dtype == torch.bfloat16

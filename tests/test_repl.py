@@ -10,9 +10,11 @@ import sys
 import pexpect
 
 from charlm import checkpoint
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 from charlm.views.repl import unescape
 from charlm.views.text import safe_text
+
+from conftest import strip_ansi
 
 MEMORISED = "But soft, what light through yonder window breaks?"
 VISIBLE_ESCAPES = r"[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m"
@@ -39,7 +41,7 @@ def say(child: pexpect.spawn, line: str, raw: bool = False) -> str:
 
 
 def plain(screen: str) -> str:
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "")
+    return strip_ansi(screen)
 
 
 def start(chat_pty, run, *args) -> pexpect.spawn:
@@ -252,7 +254,7 @@ def test_piped_stdin_is_scriptable(gen_runs, tmp_path):
                                                 '"""/bogus"""', "/quit", "never read"], "--unknown", "drop")
     assert out.returncode == 0
     ck = checkpoint.load(gen_runs["tf"])  # the library's greedy continuation of "/bogus", shown safely
-    fenced_bogus = safe_text(Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("/bogus"),
+    fenced_bogus = safe_text(Streamer(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("/bogus"),
                                                                         SampleConfig(temperature=0, max_tokens=51)))
     # each continuation (51 tokens, starting with the newline after the prompt), then one newline
     assert out.stdout == (f"\n{MEMORISED}\n"

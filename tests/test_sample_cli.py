@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 
 MEMORISED = "But soft, what light through yonder window breaks?\n"
 ESCAPES = "[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m\n"
@@ -32,7 +32,7 @@ def engine(ckpt, prompt: str, **settings) -> str:
     """What sample should print: the prompt, then the continuation straight from the library, ending
     with a newline."""
     ck = checkpoint.load(ckpt)
-    text = prompt + Generator(ck.model, ck.tokenizer).complete(ck.tokenizer.encode(prompt), SampleConfig(**settings))
+    text = prompt + Streamer(ck.model, ck.tokenizer).complete(ck.tokenizer.encode(prompt), SampleConfig(**settings))
     return text if text.endswith("\n") else text + "\n"
 
 

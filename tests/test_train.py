@@ -17,7 +17,7 @@ from charlm import checkpoint, files
 from charlm.checkpoint import CheckpointError
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
-from charlm.generate import Generator
+from charlm.generate import Streamer
 from charlm.train import (Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at)
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
@@ -380,5 +380,5 @@ def test_the_trainer_writes_the_samples_and_they_leave_training_alone(corpus, tm
     samples = [e.sample for e in events if isinstance(e, Evaluated)]
     assert len(samples) == 2 and all(isinstance(s, str) and s for s in samples)
     ckpt = checkpoint.load(tmp_path / "a" / "last.pt")  # the final sample is the saved model's, seeded by --seed
-    want = Generator(ckpt.model, ckpt.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=30, seed=1337))
+    want = Streamer(ckpt.model, ckpt.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=30, seed=1337))
     assert result.sample == want

@@ -31,7 +31,7 @@ from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.config import ConfigError
 from charlm.data import cache_dir
-from charlm.generate import Generator, SampleConfig
+from charlm.generate import Streamer, SampleConfig
 from charlm.models import count_params
 from charlm.tokenizer import UNKNOWN_POLICIES, UnknownCharactersError
 from charlm.views.attention import show_attention
@@ -336,7 +336,7 @@ class Repl(Session):
     def talk_to(self, ckpt: Checkpoint, use_cache: bool) -> None:
         """Talk to `ckpt` from now on, with an empty running text."""
         self.ckpt = ckpt
-        self.gen = Generator(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        self.gen = Streamer(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
 
     def generate(self, prompt: str) -> None:
         ids = self.encode(prompt)
