@@ -45,7 +45,9 @@ def rss_parts_mb() -> dict:
     """Resident memory now, split: anonymous (the process's own) and file-backed (mapped pages of files,
     here mostly the memory-mapped token cache: page cache the kernel can drop at any time)."""
     with open("/proc/self/status") as f:
-        parts = {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f if line.startswith(("RssAnon", "RssFile"))}
+        parts = {
+            line.split(":")[0]: int(line.split()[1]) / 1024 for line in f if line.startswith(("RssAnon", "RssFile"))
+        }
     return {"anon_mb": parts["RssAnon"], "file_mb": parts["RssFile"]}
 
 
@@ -74,7 +76,9 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
     if step in ("first", "rerun"):
         marks: list[tuple[float, int]] = []
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        tok, tokens_path, _ = data.prepare(corpus, kind, vocab, progress=lambda done, total: marks.append((time.perf_counter(), done)))
+        tok, tokens_path, _ = data.prepare(
+            corpus, kind, vocab, progress=lambda done, total: marks.append((time.perf_counter(), done))
+        )
         out["seconds"] = time.perf_counter() - t0
         out["cores"] = (cpu_seconds() - cpu0) / out["seconds"]
         out["tokens"] = len(data.load_tokens(tokens_path))
@@ -84,8 +88,17 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
             out["tokenizer_seconds"] = t_first - t0 - d_first / 1e6 / out["encode_mb_s"]
     else:
         model_cfg = ModelConfig(kind="transformer", n_layers=2, d_model=64, n_heads=2, context=64)
-        cfg = TrainConfig(tokenizer=kind, vocab_size=vocab, steps=20, batch_size=16, eval_interval=20, eval_iters=2,
-                          sample_tokens=0, device="cpu", warmup=5)
+        cfg = TrainConfig(
+            tokenizer=kind,
+            vocab_size=vocab,
+            steps=20,
+            batch_size=16,
+            eval_interval=20,
+            eval_iters=2,
+            sample_tokens=0,
+            device="cpu",
+            warmup=5,
+        )
         t0 = time.perf_counter()
         run = Trainer(corpus, model_cfg, cfg, Path(os.environ["CHARLM_CACHE"]) / "run")
         out["setup_seconds"] = time.perf_counter() - t0
@@ -141,8 +154,10 @@ def compare(cases: list[str], codes: list[Path], repeats: int, vocab: int, where
         rows.append((f"{kind} {times}×", runs))
     base = codes[0]
     # on a shared machine the CPU time (all threads) is steadier than the wall time
-    print(f"\n| corpus | checkout | first run (s), median | runs (s) | vs {base} | CPU (s), median | vs {base} "
-          "| peak RSS (MB), median | cores | load avg |")
+    print(
+        f"\n| corpus | checkout | first run (s), median | runs (s) | vs {base} | CPU (s), median | vs {base} "
+        "| peak RSS (MB), median | cores | load avg |"
+    )
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for case, runs in rows:
         for code, rs in runs.items():
@@ -151,9 +166,11 @@ def compare(cases: list[str], codes: list[Path], repeats: int, vocab: int, where
             cpu = median([r["cores"] * r["seconds"] for r in rs])
             cpu_ratio = median([r["cores"] * r["seconds"] for r in runs[base]]) / cpu
             each = ", ".join(f"{r['seconds']:.1f}" for r in rs)
-            print(f"| {case} | {code} | {t:.1f} | {each} | {ratio:.2f}× | {cpu:.1f} | {cpu_ratio:.2f}× "
-                  f"| {median([r['peak_mb'] for r in rs]):.0f} | {median([r['cores'] for r in rs]):.2f} "
-                  f"| {min(r['load'] for r in rs):.1f}–{max(r['load'] for r in rs):.1f} |")
+            print(
+                f"| {case} | {code} | {t:.1f} | {each} | {ratio:.2f}× | {cpu:.1f} | {cpu_ratio:.2f}× "
+                f"| {median([r['peak_mb'] for r in rs]):.0f} | {median([r['cores'] for r in rs]):.2f} "
+                f"| {min(r['load'] for r in rs):.1f}–{max(r['load'] for r in rs):.1f} |"
+            )
 
 
 def bpe_sample(vocabs: list[int], fraction: float, where: Path) -> None:
@@ -172,7 +189,10 @@ def bpe_sample(vocabs: list[int], fraction: float, where: Path) -> None:
     print("| vocab | trained on | chars/token, last 10% | chars/token, sonnets | train (s) |")
     print("|---:|---|---:|---:|---:|")
     for vocab in vocabs:
-        for name, chunks in (("all", lambda: data.iter_corpus(path)), ("sample", lambda: data.sample_corpus(path, max_bytes))):
+        for name, chunks in (
+            ("all", lambda: data.iter_corpus(path)),
+            ("sample", lambda: data.sample_corpus(path, max_bytes)),
+        ):
             t0 = time.perf_counter()
             tok = BPETokenizer.train(chunks(), vocab)
             secs = time.perf_counter() - t0
@@ -213,21 +233,31 @@ def main() -> None:
         first = run_child("first", corpus, kind, args.vocab, cache)
         reruns = sorted(run_child("rerun", corpus, kind, args.vocab, cache)["seconds"] for _ in range(args.reruns))
         train = run_child("train", corpus, kind, args.vocab, cache)
-        row = {"case": f"{kind} {times}×", "mb": corpus.stat().st_size / 1e6, "first": first,
-               "rerun_median_s": reruns[len(reruns) // 2], "reruns_s": reruns, "train": train,
-               "cache_mb": sum(p.stat().st_size for p in (cache / "tokens").glob("*.npy")) / 1e6}
+        row = {
+            "case": f"{kind} {times}×",
+            "mb": corpus.stat().st_size / 1e6,
+            "first": first,
+            "rerun_median_s": reruns[len(reruns) // 2],
+            "reruns_s": reruns,
+            "train": train,
+            "cache_mb": sum(p.stat().st_size for p in (cache / "tokens").glob("*.npy")) / 1e6,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
         shutil.rmtree(cache, ignore_errors=True)
 
-    print("\n| corpus | MB | tokens | first run (s) | of which tokenizer (s) | encode MB/s | peak RSS first run (MB) "
-          "| rerun, cache hit (s) | peak RSS train (MB) | of which file-backed (MB) | token cache (MB) | import RSS (MB) |")
+    print(
+        "\n| corpus | MB | tokens | first run (s) | of which tokenizer (s) | encode MB/s | peak RSS first run (MB) "
+        "| rerun, cache hit (s) | peak RSS train (MB) | of which file-backed (MB) | token cache (MB) | import RSS (MB) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         f, t = r["first"], r["train"]
-        print(f"| {r['case']} | {r['mb']:.0f} | {f['tokens']:,} | {f['seconds']:.1f} | {f.get('tokenizer_seconds', 0):.1f} "
-              f"| {f.get('encode_mb_s', 0):.1f} | {f['peak_mb']:.0f} | {r['rerun_median_s']:.2f} | {t['peak_mb']:.0f} "
-              f"| {t['file_mb']:.0f} | {r['cache_mb']:.0f} | {f['import_mb']:.0f} |")
+        print(
+            f"| {r['case']} | {r['mb']:.0f} | {f['tokens']:,} | {f['seconds']:.1f} | {f.get('tokenizer_seconds', 0):.1f} "
+            f"| {f.get('encode_mb_s', 0):.1f} | {f['peak_mb']:.0f} | {r['rerun_median_s']:.2f} | {t['peak_mb']:.0f} "
+            f"| {t['file_mb']:.0f} | {r['cache_mb']:.0f} | {f['import_mb']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

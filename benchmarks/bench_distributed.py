@@ -39,9 +39,28 @@ def run(nproc: int, threads: int, batch: int, steps: int, work: Path) -> float:
 
     out = work / f"run-{nproc}-{threads}-{batch}"
     shutil.rmtree(out, ignore_errors=True)
-    args = ["-m", "charlm", "train", str(CORPUS), "--preset", "tiny", "--device", "cpu", "--steps", str(steps),
-            "--batch-size", str(batch), "--eval-interval", str(steps), "--eval-iters", "1", "--sample-tokens", "0",
-            "--out", str(out)]
+    args = [
+        "-m",
+        "charlm",
+        "train",
+        str(CORPUS),
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(batch),
+        "--eval-interval",
+        str(steps),
+        "--eval-iters",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--out",
+        str(out),
+    ]
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CHARLM_CACHE": str(work / "cache")}
     subprocess.run([sys.executable, *launcher, *args], env=env, check=True, capture_output=True, cwd=work)

@@ -32,12 +32,14 @@ import torch
 
 from charlm import checkpoint
 from charlm.config import ModelConfig, preset
-from charlm.generate import Streamer, SampleConfig
+from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
 from charlm.tokenizer import CharTokenizer
 
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 20
+TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n"
+) * 20
 TOKENIZER = CharTokenizer.train([TEXT + "".join(chr(c) for c in range(32, 127))])  # 95 printable chars + newline
 
 SIZES = {
@@ -62,8 +64,13 @@ def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
         last = now
     cpu = time.thread_time() - cpu
     assert len(times) == n_tokens
-    return {"tokens_per_s": gen.stats.tokens_per_s, "tokens_per_cpu_s": n_tokens / cpu, "ttft_ms": gen.stats.ttft_ms,
-            "first100_ms": 1000 * statistics.mean(times[1:101]), "last100_ms": 1000 * statistics.mean(times[-100:])}
+    return {
+        "tokens_per_s": gen.stats.tokens_per_s,
+        "tokens_per_cpu_s": n_tokens / cpu,
+        "ttft_ms": gen.stats.ttft_ms,
+        "first100_ms": 1000 * statistics.mean(times[1:101]),
+        "last100_ms": 1000 * statistics.mean(times[-100:]),
+    }
 
 
 def heldout(ckpt: str, text_file: str) -> None:
@@ -81,8 +88,15 @@ def heldout(ckpt: str, text_file: str) -> None:
             nats -= torch.log_softmax(logits, -1)[t].item()
             hits += int(logits.argmax()) == t
             gen.ids.append(t)
-        print(json.dumps({"cache": use_cache, "bits_per_char": round(nats / math.log(2) / chars, 4),
-                          "top1": round(hits / (len(ids) - 1), 4)}))
+        print(
+            json.dumps(
+                {
+                    "cache": use_cache,
+                    "bits_per_char": round(nats / math.log(2) / chars, 4),
+                    "top1": round(hits / (len(ids) - 1), 4),
+                }
+            )
+        )
 
 
 def main() -> None:
@@ -99,8 +113,10 @@ def main() -> None:
         return heldout(*args.heldout)
     sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
 
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads available "
-          f"(generation runs on 1), torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads available "
+        f"(generation runs on 1), torch {torch.__version__}"
+    )
     rows = []
     for size, dims in sizes.items():
         torch.manual_seed(0)
@@ -117,15 +133,21 @@ def main() -> None:
                 print(json.dumps({"size": size, "tokens": n, "top_k": args.top_k, "runs": results}))
 
     print()
-    print(f"medians over {args.repeats} repeats; tokens/s is wall clock and counts prefill and every step; "
-          "tokens per CPU-second divides by the CPU time this thread got (what an idle core would give)")
+    print(
+        f"medians over {args.repeats} repeats; tokens/s is wall clock and counts prefill and every step; "
+        "tokens per CPU-second divides by the CPU time this thread got (what an idle core would give)"
+    )
     print()
-    print("| model | new tokens | variant | tokens/s | tokens per CPU-s | ms/token first 100 | ms/token last 100 | TTFT ms |")
+    print(
+        "| model | new tokens | variant | tokens/s | tokens per CPU-s | ms/token first 100 | ms/token last 100 | TTFT ms |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for size, params, n, med in rows:
         for v, m in med.items():
-            print(f"| {size}, {params / 1e6:.2f}M params | {n:,} | {v} | {m['tokens_per_s']:,.0f} | {m['tokens_per_cpu_s']:,.0f} | "
-                  f"{m['first100_ms']:.3f} | {m['last100_ms']:.3f} | {m['ttft_ms']:.1f} |")
+            print(
+                f"| {size}, {params / 1e6:.2f}M params | {n:,} | {v} | {m['tokens_per_s']:,.0f} | {m['tokens_per_cpu_s']:,.0f} | "
+                f"{m['first100_ms']:.3f} | {m['last100_ms']:.3f} | {m['ttft_ms']:.1f} |"
+            )
     if args.variants != list(VARIANTS):
         return
     print()
@@ -133,11 +155,13 @@ def main() -> None:
     print()
     print("| model | new tokens | cache ÷ no cache | cache ÷ torch step | last ÷ first 100 (cache) |")
     print("|---|---:|---:|---:|---:|")
-    for size, params, n, med in rows:
+    for size, _params, n, med in rows:
         c, t, u = med["cache"], med["cache, torch step"], med["no cache"]
-        print(f"| {size} | {n:,} | {c['tokens_per_s'] / u['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / u['tokens_per_cpu_s']:.1f}×) | "
-              f"{c['tokens_per_s'] / t['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:.1f}×) | "
-              f"{c['last100_ms'] / c['first100_ms']:.2f} |")
+        print(
+            f"| {size} | {n:,} | {c['tokens_per_s'] / u['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / u['tokens_per_cpu_s']:.1f}×) | "
+            f"{c['tokens_per_s'] / t['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:.1f}×) | "
+            f"{c['last100_ms'] / c['first100_ms']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be used, with a message that says why."""
 
 
-def save(saved: "Saved | dict", path: str | Path) -> None:
+def save(saved: Saved | dict, path: str | Path) -> None:
     """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one.
     A full disk is a files.WriteError naming the directory; the file already at path stays as it was."""
     payload = saved.to_payload() if isinstance(saved, Saved) else saved
@@ -90,7 +90,7 @@ class Saved:
         return {"format": FORMAT, "version": VERSION, **d}
 
     @classmethod
-    def from_payload(cls, data: dict, path: Path) -> "Saved":
+    def from_payload(cls, data: dict, path: Path) -> Saved:
         """Check every field's type (a file's content is input like any other) and build the schema."""
         if data.get("version") == 1:
             data = _from_v1(data)
@@ -100,15 +100,21 @@ class Saved:
         for name, types in TYPES.items():
             value = data.get(name)
             if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
-                raise CheckpointError(f"{path} is a damaged charlm checkpoint ({name} should be "
-                                      f"{' or '.join(t.__name__ for t in types)}, not {type(value).__name__})")
+                raise CheckpointError(
+                    f"{path} is a damaged charlm checkpoint ({name} should be "
+                    f"{' or '.join(t.__name__ for t in types)}, not {type(value).__name__})"
+                )
         if (data["best_val_loss"] is None) != (data["best_val_bpc"] is None):
-            raise CheckpointError(f"{path} is a damaged charlm checkpoint (best_val_loss and best_val_bpc "
-                                  "should both be numbers, or both be empty)")
+            raise CheckpointError(
+                f"{path} is a damaged charlm checkpoint (best_val_loss and best_val_bpc "
+                "should both be numbers, or both be empty)"
+            )
         odd = [k for k, v in (data.get("metrics") or {}).items() if not isinstance(v, _NUMBER) or isinstance(v, bool)]
         if odd:
-            raise CheckpointError(f"{path} is a damaged charlm checkpoint (metric {odd[0]} should be a number, "
-                                  f"not {type(data['metrics'][odd[0]]).__name__})")
+            raise CheckpointError(
+                f"{path} is a damaged charlm checkpoint (metric {odd[0]} should be a number, "
+                f"not {type(data['metrics'][odd[0]]).__name__})"
+            )
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
             train_config = TrainConfig.from_dict(data["train_config"]).validate()
@@ -117,8 +123,15 @@ class Saved:
             raise CheckpointError(f"{path} is an incompatible charlm checkpoint ({_last_words(e)})") from None
         known = {f.name for f in fields(cls)}
         rest = {k: v for k, v in data.items() if k in known and k not in ("model_config", "train_config", "corpus")}
-        return cls(**{**rest, "run_name": data.get("run_name") or path.parent.name, "model_config": model_config,
-                      "train_config": train_config, "corpus": corpus})
+        return cls(
+            **{
+                **rest,
+                "run_name": data.get("run_name") or path.parent.name,
+                "model_config": model_config,
+                "train_config": train_config,
+                "corpus": corpus,
+            }
+        )
 
     def require_training_state(self, path: Path) -> None:
         missing = [k for k in ("optimizer", "rng", "corpus") if getattr(self, k) is None]
@@ -127,12 +140,37 @@ class Saved:
 
 
 # what every checkpoint holds, and the types of the plain values (checked on read)
-REQUIRED = ("model_config", "train_config", "tokenizer", "model", "step", "train_seconds", "best_val_loss", "best_val_bpc")
+REQUIRED = (
+    "model_config",
+    "train_config",
+    "tokenizer",
+    "model",
+    "step",
+    "train_seconds",
+    "best_val_loss",
+    "best_val_bpc",
+)
 _NUMBER = (int, float)
-TYPES = {"run_name": (str,), "model_config": (dict,), "train_config": (dict,), "tokenizer": (str,), "model": (dict,),
-         "step": (int,), "train_seconds": _NUMBER, "best_val_loss": _NUMBER, "best_val_bpc": _NUMBER, "params": (int,),
-         "device": (str,), "metrics": (dict,), "corpus": (dict,), "optimizer": (dict,), "rng": (dict,),
-         "scaler": (dict,), "world_size": (int,), "weights_sha256": (list,)}
+TYPES = {
+    "run_name": (str,),
+    "model_config": (dict,),
+    "train_config": (dict,),
+    "tokenizer": (str,),
+    "model": (dict,),
+    "step": (int,),
+    "train_seconds": _NUMBER,
+    "best_val_loss": _NUMBER,
+    "best_val_bpc": _NUMBER,
+    "params": (int,),
+    "device": (str,),
+    "metrics": (dict,),
+    "corpus": (dict,),
+    "optimizer": (dict,),
+    "rng": (dict,),
+    "scaler": (dict,),
+    "world_size": (int,),
+    "weights_sha256": (list,),
+}
 
 
 def _from_v1(data: dict) -> dict:
@@ -170,7 +208,9 @@ def _read(p: Path, map_location) -> object:
             return torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # weights_only refused a class or function: the file wants to run code
-            raise CheckpointError(f"{p} is not a charlm checkpoint: it holds Python objects, which are never loaded (only tensors and plain data)") from None
+            raise CheckpointError(
+                f"{p} is not a charlm checkpoint: it holds Python objects, which are never loaded (only tensors and plain data)"
+            ) from None
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
     except Exception as e:  # zip, storage and OS errors alike: the file is unusable
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
@@ -198,11 +238,15 @@ def _checked(p: Path, map_location) -> tuple[Saved, object]:
     except Exception as e:
         raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
     if tokenizer.vocab_size != saved.model_config.vocab_size:  # else an IndexError in the middle of a stream
-        raise CheckpointError(f"{p} is an inconsistent charlm checkpoint: its tokenizer has {tokenizer.vocab_size} "
-                              f"tokens, its model {saved.model_config.vocab_size}; train again or use another checkpoint")
+        raise CheckpointError(
+            f"{p} is an inconsistent charlm checkpoint: its tokenizer has {tokenizer.vocab_size} "
+            f"tokens, its model {saved.model_config.vocab_size}; train again or use another checkpoint"
+        )
     if tokenizer.kind != saved.train_config.tokenizer:
-        raise CheckpointError(f"{p} is an inconsistent charlm checkpoint: it holds a {tokenizer.kind} tokenizer, "
-                              f"its config says {saved.train_config.tokenizer}; train again or use another checkpoint")
+        raise CheckpointError(
+            f"{p} is an inconsistent charlm checkpoint: it holds a {tokenizer.kind} tokenizer, "
+            f"its config says {saved.train_config.tokenizer}; train again or use another checkpoint"
+        )
     return saved, tokenizer
 
 
@@ -217,8 +261,10 @@ def _check_weights(saved: Saved, p: Path) -> None:
     missing = sorted(expected.keys() - saved.model.keys())
     extra = sorted(map(str, saved.model.keys() - expected.keys()))  # a crafted file's keys need not be strings
     if missing or extra:
-        what = "; ".join(([f"missing {', '.join(missing[:3])}"] if missing else []) +
-                         ([f"unexpected {', '.join(extra[:3])}"] if extra else []))
+        what = "; ".join(
+            ([f"missing {', '.join(missing[:3])}"] if missing else [])
+            + ([f"unexpected {', '.join(extra[:3])}"] if extra else [])
+        )
         raise CheckpointError(f"{bad}: {what})")
     for name, want in expected.items():
         t = saved.model[name]

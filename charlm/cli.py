@@ -21,11 +21,20 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm import checkpoint, config, files
+from charlm import checkpoint, config, files, memory, runs
 from charlm.checkpoint import CheckpointError
-from charlm import memory, runs
-from charlm.config import (DEVICES, PRESETS, UNKNOWN, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name,
-                           parse_duration, preset)
+from charlm.config import (
+    DEVICES,
+    PRESETS,
+    UNKNOWN,
+    ConfigError,
+    ModelConfig,
+    SampleConfig,
+    TrainConfig,
+    flag_name,
+    parse_duration,
+    preset,
+)
 from charlm.data import CorpusError
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.text import safe, shell_quote
@@ -84,13 +93,17 @@ class CharlmGroup(click.Group):
             if os.environ.get("CHARLM_DEBUG"):
                 raise
             if _out_of_memory(e):  # the machine's limit, not a bug: say what to change
-                print_error("out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
-                            "--d-model or --layers, or close what else uses the memory")
+                print_error(
+                    "out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+                    "--d-model or --layers, or close what else uses the memory"
+                )
                 sys.exit(1)
             if _peer_lost(e):  # under torchrun: another rank failed first and said why; this one only lost it
                 print_error("another process of this run stopped (its error is above); this one stops too")
                 sys.exit(1)
-            print_error(f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)")
+            print_error(
+                f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)"
+            )
             sys.exit(1)
         if not standalone_mode:
             return rv
@@ -111,11 +124,9 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
         console.print(e.ctx.get_usage(), markup=False)
     found = runs.find_runs() if runs.RUNS.is_dir() else []
     if not found:
-        print_error(f"missing {what}; there are no runs in {runs.RUNS}/ yet: "
-                    "train one with charlm train FILE")
+        print_error(f"missing {what}; there are no runs in {runs.RUNS}/ yet: train one with charlm train FILE")
         sys.exit(e.exit_code)
-    print_error(f"missing {what}, such as one of the runs in {runs.RUNS}/ "
-                "(newest first; charlm runs shows them all):")
+    print_error(f"missing {what}, such as one of the runs in {runs.RUNS}/ (newest first; charlm runs shows them all):")
     for run in found[:5]:
         console.print(safe(f"  {run}"))
     sys.exit(e.exit_code)
@@ -134,8 +145,14 @@ class CharlmCommand(click.Command):
     sections: title -> parameter names, in order (any option not named goes under "Other options");
     examples: (what it does, the command line) pairs; notes: (title, rows) printed after the options."""
 
-    def __init__(self, *args, sections: dict[str, tuple[str, ...]] | None = None,
-                 examples: list[tuple[str, str]] | None = None, notes=None, **kw):
+    def __init__(
+        self,
+        *args,
+        sections: dict[str, tuple[str, ...]] | None = None,
+        examples: list[tuple[str, str]] | None = None,
+        notes=None,
+        **kw,
+    ):
         super().__init__(*args, **kw)
         self.sections, self.examples, self.notes = sections or {}, examples or [], notes
 
@@ -144,8 +161,9 @@ class CharlmCommand(click.Command):
         records = {name: r for name, r in records.items() if r}
         placed = {name for names in self.sections.values() for name in names}
         sections = [(title, [records[n] for n in names if n in records]) for title, names in self.sections.items()]
-        sections.append(("Other options" if self.sections else "Options",
-                         [r for n, r in records.items() if n not in placed]))
+        sections.append(
+            ("Other options" if self.sections else "Options", [r for n, r in records.items() if n not in placed])
+        )
         for title, rows in sections:
             if rows:
                 with formatter.section(title):
@@ -158,7 +176,9 @@ class CharlmCommand(click.Command):
         if self.examples:  # verbatim: a command line must not be re-wrapped
             with formatter.section("Examples"):
                 for what, line in self.examples:
-                    formatter.write(f"{'':>{formatter.current_indent}}# {what}\n{'':>{formatter.current_indent}}{line}\n")
+                    formatter.write(
+                        f"{'':>{formatter.current_indent}}# {what}\n{'':>{formatter.current_indent}}{line}\n"
+                    )
 
 
 CharlmGroup.command_class = CharlmCommand
@@ -171,7 +191,8 @@ RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's fir
 def _peer_lost(e: Exception) -> bool:
     """A collective failed because another rank's process is gone (gloo: "Connection closed by peer")."""
     return int(os.environ.get("WORLD_SIZE", 1)) > 1 and any(
-        words in str(e) for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+        words in str(e) for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
 
 
 def _out_of_memory(e: Exception) -> bool:
@@ -189,8 +210,11 @@ def _ignore_signals() -> None:
             signal.signal(s, signal.SIG_IGN)
 
 
-@click.group(cls=CharlmGroup, invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=CharlmGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="charlm")
 @click.pass_context
 def main(ctx):
@@ -204,6 +228,7 @@ def main(ctx):
 
 
 # ---- train --------------------------------------------------------------------------------------
+
 
 def config_options(cls, defaults: dict | None = None, only: tuple[str, ...] | None = None):
     """Click options generated from a config dataclass's fields (config.flag): one option per field that
@@ -244,9 +269,16 @@ def config_options(cls, defaults: dict | None = None, only: tuple[str, ...] | No
 
 
 DEVICE_HELP = "auto: cuda when PyTorch sees a GPU, else cpu."
-device_option = click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True, help=DEVICE_HELP)
-unknown_option = click.option("--unknown", type=click.Choice(UNKNOWN), default="error", show_default=True,
-                              help="Characters a char model never saw: stop with an error, drop them, or replace them.")
+device_option = click.option(
+    "--device", type=click.Choice(DEVICES), default="auto", show_default=True, help=DEVICE_HELP
+)
+unknown_option = click.option(
+    "--unknown",
+    type=click.Choice(UNKNOWN),
+    default="error",
+    show_default=True,
+    help="Characters a char model never saw: stop with an error, drop them, or replace them.",
+)
 
 
 def _check_writable(out: Path) -> None:
@@ -259,22 +291,37 @@ def _check_writable(out: Path) -> None:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise UserError(f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out") from None
+        raise UserError(
+            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+        ) from None
 
 
 def _preset_notes():
     """The presets, read from config.PRESET_TABLE: what each one sets, for each model family."""
-    use = {"tiny": "a laptop CPU and minutes (the default on CPU)", "small": "one GPU (the default on CUDA)",
-           "medium": "a larger GPU run"}
+    use = {
+        "tiny": "a laptop CPU and minutes (the default on CPU)",
+        "small": "one GPU (the default on CUDA)",
+        "medium": "a larger GPU run",
+    }
 
     def sizes(s: dict) -> str:
         heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
-        return (f"{s['n_layers']} layers × {s['d_model']}{heads}, context {s['context']}, dropout {s['dropout']:g}, "
-                f"batch {s['batch_size']}, lr {s['lr']:g}")
+        return (
+            f"{s['n_layers']} layers × {s['d_model']}{heads}, context {s['context']}, dropout {s['dropout']:g}, "
+            f"batch {s['batch_size']}, lr {s['lr']:g}"
+        )
 
     table = config.PRESET_TABLE
-    rows = [(name, (f"for {use[name]}: transformer {sizes(table['transformer'][name])}; "
-                    f"lstm/gru {sizes(table['lstm'][name])}")) for name in PRESETS]
+    rows = [
+        (
+            name,
+            (
+                f"for {use[name]}: transformer {sizes(table['transformer'][name])}; "
+                f"lstm/gru {sizes(table['lstm'][name])}"
+            ),
+        )
+        for name in PRESETS
+    ]
     return [("Presets (a size flag you give wins over the preset)", rows)]
 
 
@@ -282,23 +329,47 @@ TRAIN_SECTIONS = {
     "Model": ("preset_name", "kind", "n_layers", "d_model", "n_heads", "context", "dropout", "positions"),
     "Data": ("tokenizer", "vocab_size"),
     "Optimisation": ("batch_size", "grad_accum", "lr", "warmup", "optimizer", "muon_lr", "weight_decay", "precision"),
-    "Run": ("steps", "max_time", "eval_interval", "eval_iters", "sample_tokens", "seed", "device", "compile", "out",
-            "resume", "nproc"),
+    "Run": (
+        "steps",
+        "max_time",
+        "eval_interval",
+        "eval_iters",
+        "sample_tokens",
+        "seed",
+        "device",
+        "compile",
+        "out",
+        "resume",
+        "nproc",
+    ),
 }
 
 
-@main.command(sections=TRAIN_SECTIONS, notes=_preset_notes, examples=[
-    ("a tiny character-level Transformer, two minutes on a CPU", "charlm train corpora/tinyshakespeare.txt"),
-    ("an LSTM on BPE tokens for ten minutes", "charlm train notes.txt --model lstm --tokenizer bpe --max-time 10m"),
-    ("five more minutes of the first run (--max-time is the total)",
-     f"charlm train corpora/tinyshakespeare.txt --out {RUN} --resume --max-time 7m"),
-])
+@main.command(
+    sections=TRAIN_SECTIONS,
+    notes=_preset_notes,
+    examples=[
+        ("a tiny character-level Transformer, two minutes on a CPU", "charlm train corpora/tinyshakespeare.txt"),
+        ("an LSTM on BPE tokens for ten minutes", "charlm train notes.txt --model lstm --tokenizer bpe --max-time 10m"),
+        (
+            "five more minutes of the first run (--max-time is the total)",
+            f"charlm train corpora/tinyshakespeare.txt --out {RUN} --resume --max-time 7m",
+        ),
+    ],
+)
 @click.argument("corpus", type=click.Path(path_type=str))
-@click.option("--preset", "preset_name", type=click.Choice(PRESETS), default=None,
-              help="Model size and batch/lr defaults [default: tiny on CPU, small on CUDA].")
+@click.option(
+    "--preset",
+    "preset_name",
+    type=click.Choice(PRESETS),
+    default=None,
+    help="Model size and batch/lr defaults [default: tiny on CPU, small on CUDA].",
+)
 @config_options(ModelConfig)
 @config_options(TrainConfig)
-@click.option("--out", type=click.Path(path_type=Path), help="Run directory [default: checkpoints/<corpus>-<model>-<tokenizer>].")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Run directory [default: checkpoints/<corpus>-<model>-<tokenizer>]."
+)
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--nproc", type=int, help="Train with N processes (DistributedDataParallel): starts torchrun for you.")
 @click.pass_context
@@ -317,9 +388,17 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         if me.is_main:  # in use: say so first (what follows reads a run that is being written)
             runs.check_free(out)
         if not (out / "last.pt").exists():
-            raise UserError(f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run")
-        model_cfg, train_cfg = runs.resume_configs(out, checkpoint.read(out / "last.pt"), model_cfg, train_cfg,
-                                                   nproc or me.world_size, _given(ctx, preset_name))
+            raise UserError(
+                f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
+            )
+        model_cfg, train_cfg = runs.resume_configs(
+            out,
+            checkpoint.read(out / "last.pt"),
+            model_cfg,
+            train_cfg,
+            nproc or me.world_size,
+            _given(ctx, preset_name),
+        )
     else:
         out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
         if me.is_main:
@@ -338,7 +417,9 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
             _exec_torchrun(nproc, out, _device_guess(train_cfg.device))
 
     # every rank trains; only rank 0 shows it (the others would print the same lines again)
-    console = Console(highlight=False, soft_wrap=True, quiet=not me.is_main)  # soft_wrap: no cuts at 80 columns in a pipe
+    console = Console(
+        highlight=False, soft_wrap=True, quiet=not me.is_main
+    )  # soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(console)
     # rank 0 holds the run directory until it exits: a second training into it is refused meanwhile
     lock = runs.RunLock(out) if me.is_main else None
@@ -352,7 +433,9 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     except trainer.TrainingInterrupted as e:
         view.close()
         name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
-        console.print(Text.assemble("\n", (name, "yellow"), f" at step {e.result.step}; saved ", safe(f"{out}/last.pt")))
+        console.print(
+            Text.assemble("\n", (name, "yellow"), f" at step {e.result.step}; saved ", safe(f"{out}/last.pt"))
+        )
         # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
         console.print(f"resume with: {_resume_command(corpus, out)}", markup=False, highlight=False)
         sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
@@ -361,8 +444,10 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         raise UserError(str(e)) from None
     except files.WriteError as e:
         if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
-            raise UserError(f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
-                            f"{_resume_command(corpus, out)}") from None
+            raise UserError(
+                f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
+                f"{_resume_command(corpus, out)}"
+            ) from None
         raise
     finally:
         view.close()
@@ -392,10 +477,15 @@ def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainCo
         max_time = 120.0
     flags = {**flags, "max_time": max_time, "steps": 1_000_000_000 if steps is None else steps}
     kind = flags["kind"]
-    model_preset, train_preset = preset(kind, preset_name or ("small" if _device_guess(flags["device"]) == "cuda" else "tiny"))
+    model_preset, train_preset = preset(
+        kind, preset_name or ("small" if _device_guess(flags["device"]) == "cuda" else "tiny")
+    )
     # `is None`, never `or`: --steps 0 or --lr 0 must be refused, not replaced by a default
-    pick = lambda cls, base: {f.name: flags[f.name] if flags.get(f.name) is not None else base[f.name]  # noqa: E731
-                              for f in dataclasses.fields(cls) if f.name in base or flag_name(f) and flags.get(f.name) is not None}
+    pick = lambda cls, base: {
+        f.name: flags[f.name] if flags.get(f.name) is not None else base[f.name]  # noqa: E731
+        for f in dataclasses.fields(cls)
+        if f.name in base or flag_name(f) and flags.get(f.name) is not None
+    }
     return ModelConfig(**pick(ModelConfig, model_preset)), TrainConfig(**pick(TrainConfig, train_preset)).validate()
 
 
@@ -405,8 +495,12 @@ def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
     model_flags = {f.name for f in dataclasses.fields(ModelConfig) if flag_name(f)}  # --vocab-size is TrainConfig's
     given = {("model." + n if n in model_flags else n) for n in typed}
     if preset_name is not None:
-        given |= {"preset:" + f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)
-                  if f.metadata.get("from_preset")}
+        given |= {
+            "preset:" + f.name
+            for cls in (ModelConfig, TrainConfig)
+            for f in dataclasses.fields(cls)
+            if f.metadata.get("from_preset")
+        }
     return given
 
 
@@ -432,7 +526,16 @@ def _exec_torchrun(nproc: int, out: Path, device: str) -> NoReturn:
         args.append(arg)
     if "--out" not in args and not any(a.startswith("--out=") for a in args):
         args += ["--out", str(out)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "charlm", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "charlm",
+        *args,
+    ]
     err_console().print(safe(f"launching: {shlex.join(cmd)}", "dim"), soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -472,8 +575,12 @@ def _info(path: Path, d: checkpoint.Saved) -> dict:
     }
 
 
-@main.command(examples=[("the model, its size, training and best score, and its loss curve", f"charlm info {RUN}"),
-                       ("the same as one JSON object", f"charlm info {RUN}/best.pt --json")])
+@main.command(
+    examples=[
+        ("the model, its size, training and best score, and its loss curve", f"charlm info {RUN}"),
+        ("the same as one JSON object", f"charlm info {RUN}/best.pt --json"),
+    ]
+)
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def info(ckpt, as_json):
@@ -516,7 +623,9 @@ def _curves(paths: tuple[str, ...] | list[str], missing_ok: bool = False) -> dic
     curves = {}
     for given, d, name in zip(paths, dirs, names):
         if not d.is_dir():
-            raise UserError(f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one")
+            raise UserError(
+                f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one"
+            )
         try:
             points = runs.read_metrics(d)
         except ConfigError:
@@ -539,8 +648,13 @@ def _print_chart(console: Console, curves: dict[str, list[dict]], **kw) -> None:
     click.echo(loss_chart(curves, color=color, **kw).rstrip("\n"))
 
 
-@main.command("runs", examples=[("the runs under checkpoints/, newest first", "charlm runs"),
-                                ("the runs in another folder, as JSON", "charlm runs /data/runs --json")])
+@main.command(
+    "runs",
+    examples=[
+        ("the runs under checkpoints/, newest first", "charlm runs"),
+        ("the runs in another folder, as JSON", "charlm runs /data/runs --json"),
+    ],
+)
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list, one object per run.")
 def runs_(directory, as_json):
@@ -550,7 +664,9 @@ def runs_(directory, as_json):
     root = directory or runs.RUNS
     if not root.is_dir():
         if directory is None:
-            raise UserError(f"no {runs.RUNS}/ folder here yet: train a model with charlm train FILE, or give a DIRECTORY")
+            raise UserError(
+                f"no {runs.RUNS}/ folder here yet: train a model with charlm train FILE, or give a DIRECTORY"
+            )
         raise UserError(f"no directory {directory}: give a folder that holds run directories")
     rows = [runs.describe(run) for run in runs.find_runs(root)]
     if as_json:
@@ -562,15 +678,30 @@ def runs_(directory, as_json):
     render_runs(Console(highlight=False), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
 
 
-@main.command(examples=[("one run's train and val bits/char against steps", f"charlm plot {RUN}"),
-                        ("two runs overlaid, loss against seconds of training",
-                         f"charlm plot {RUN} {RUN}-2 --y loss --x time"),
-                        ("the numbers behind the chart", f"charlm plot {RUN} --json")])
+@main.command(
+    examples=[
+        ("one run's train and val bits/char against steps", f"charlm plot {RUN}"),
+        ("two runs overlaid, loss against seconds of training", f"charlm plot {RUN} {RUN}-2 --y loss --x time"),
+        ("the numbers behind the chart", f"charlm plot {RUN} --json"),
+    ]
+)
 @click.argument("run_dirs", metavar="RUN...", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--y", "y", type=click.Choice(["bpc", "loss"]), default="bpc", show_default=True,
-              help="Bits per character (comparable across tokenizers), or loss in nats per token.")
-@click.option("--x", "x", type=click.Choice(["step", "time"]), default="step", show_default=True,
-              help="Optimizer steps, or seconds of training.")
+@click.option(
+    "--y",
+    "y",
+    type=click.Choice(["bpc", "loss"]),
+    default="bpc",
+    show_default=True,
+    help="Bits per character (comparable across tokenizers), or loss in nats per token.",
+)
+@click.option(
+    "--x",
+    "x",
+    type=click.Choice(["step", "time"]),
+    default="step",
+    show_default=True,
+    help="Optimizer steps, or seconds of training.",
+)
 @click.option("--width", type=int, help="Width in characters [default: the terminal's, at most 120].")
 @click.option("--height", type=int, default=20, show_default=True, help="Height in lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the evaluations of each run as JSON instead.")
@@ -593,8 +724,10 @@ def plot(run_dirs, y, x, width, height, as_json):
 
 def sampling_options(max_tokens: int):
     """The sampling flags shared by sample and chat (from SampleConfig), and how to run the model."""
-    extra = [click.option("--no-cache", is_flag=True, help="Recompute the whole text for every token (slow: to compare)."),
-             device_option]
+    extra = [
+        click.option("--no-cache", is_flag=True, help="Recompute the whole text for every token (slow: to compare)."),
+        device_option,
+    ]
 
     def decorate(f):
         for option in reversed(extra):
@@ -607,8 +740,15 @@ def sampling_options(max_tokens: int):
 def _settings(max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed):
     from charlm.views.repl import unescape
 
-    return SampleConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                        max_tokens=max_tokens, stop=[unescape(s) for s in stop], seed=seed).validate()
+    return SampleConfig(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        max_tokens=max_tokens,
+        stop=[unescape(s) for s in stop],
+        seed=seed,
+    ).validate()
 
 
 def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -630,9 +770,15 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         raise UserError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None
 
 
-@main.command(examples=[("200 tokens after a prompt", f"charlm sample {RUN} -p \"ROMEO:\" -n 200"),
-                       ("the prompt from a pipe, the text to a file, the same text each time",
-                        f"echo \"To be\" | charlm sample {RUN} --seed 1 > out.txt")])
+@main.command(
+    examples=[
+        ("200 tokens after a prompt", f'charlm sample {RUN} -p "ROMEO:" -n 200'),
+        (
+            "the prompt from a pipe, the text to a file, the same text each time",
+            f'echo "To be" | charlm sample {RUN} --seed 1 > out.txt',
+        ),
+    ]
+)
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.option("--prompt", "-p", help="Text to continue [default: --prompt-file, else stdin when piped, else none].")
 @click.option("--prompt-file", type=str, help="Read the prompt from this file ('-': stdin).")
@@ -641,8 +787,24 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @unknown_option
 @click.option("--echo/--no-echo", default=True, show_default=True, help="Print the prompt before its continuation.")
 @click.option("--stats", is_flag=True, help="One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
-def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache,
-           device, num_samples, unknown, echo, stats):
+def sample(
+    ckpt,
+    prompt,
+    prompt_file,
+    max_tokens,
+    temperature,
+    top_k,
+    top_p,
+    repetition_penalty,
+    stop,
+    seed,
+    no_cache,
+    device,
+    num_samples,
+    unknown,
+    echo,
+    stats,
+):
     """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
     from charlm.generate import Streamer
     from charlm.runtime import pick_device
@@ -692,18 +854,33 @@ def sample(ckpt, prompt, prompt_file, max_tokens, temperature, top_k, top_p, rep
     if stats:
         total = sum(r.seconds for r in runs)
         tokens = sum(r.tokens for r in runs)
-        line = {"tokens": tokens, "seconds": round(total, 4), "tokens_per_s": round(tokens / total, 1) if total else 0.0,
-                "ttft_ms": round(sum(r.ttft_ms for r in runs) / len(runs), 2), "prompt_tokens": len(ids),
-                "samples": num_samples, "cache": not no_cache}
+        line = {
+            "tokens": tokens,
+            "seconds": round(total, 4),
+            "tokens_per_s": round(tokens / total, 1) if total else 0.0,
+            "ttft_ms": round(sum(r.ttft_ms for r in runs) / len(runs), 2),
+            "prompt_tokens": len(ids),
+            "samples": num_samples,
+            "cache": not no_cache,
+        }
         click.echo(json.dumps(line), err=True)
 
 
-@main.command(examples=[("talk to the run the README's first command trains", f"charlm chat {RUN}"),
-                       ("each prompt continues the running text, less random", f"charlm chat {RUN} --mode continue -t 0.5")])
+@main.command(
+    examples=[
+        ("talk to the run the README's first command trains", f"charlm chat {RUN}"),
+        ("each prompt continues the running text, less random", f"charlm chat {RUN} --mode continue -t 0.5"),
+    ]
+)
 @click.argument("ckpt", type=click.Path(path_type=str))
 @sampling_options(max_tokens=200)
-@click.option("--mode", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
-              help="Each prompt starts anew, or continues the running text.")
+@click.option(
+    "--mode",
+    type=click.Choice(["fresh", "continue"]),
+    default="fresh",
+    show_default=True,
+    help="Each prompt starts anew, or continues the running text.",
+)
 @unknown_option
 def chat(ckpt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, no_cache, device, mode, unknown):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
@@ -720,17 +897,19 @@ def chat(ckpt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, 
 
 def viewer_options(command):
     """The options attn and gates share: what text to look at, and how much of it fits."""
-    for option in reversed([
-        click.argument("ckpt", type=click.Path(path_type=str)),
-        click.option("--prompt", "-p", help="The text to look at [default: --prompt-file, else stdin when piped]."),
-        click.option("--prompt-file", type=str, help="Read the text from this file ('-': stdin)."),
-        click.option("--layer", type=int, help="Layer (from 0) [default: the last]."),
-        click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit]."),
-        click.option("--end", type=int, help="Show the tokens before this position [default: the end]."),
-        click.option("--width", type=int, help="Width in characters [default: the terminal's]."),
-        click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels."),
-        unknown_option,
-    ]):
+    for option in reversed(
+        [
+            click.argument("ckpt", type=click.Path(path_type=str)),
+            click.option("--prompt", "-p", help="The text to look at [default: --prompt-file, else stdin when piped]."),
+            click.option("--prompt-file", type=str, help="Read the text from this file ('-': stdin)."),
+            click.option("--layer", type=int, help="Layer (from 0) [default: the last]."),
+            click.option("--tokens", type=int, help="How many tokens to show [default: as many as fit]."),
+            click.option("--end", type=int, help="Show the tokens before this position [default: the end]."),
+            click.option("--width", type=int, help="Width in characters [default: the terminal's]."),
+            click.option("--ascii", is_flag=True, help="Plain ASCII shades and labels."),
+            unknown_option,
+        ]
+    ):
         command = option(command)
     return command
 
@@ -751,21 +930,34 @@ def _viewer_input(ckpt: str, prompt: str | None, prompt_file: str | None, unknow
     return ck, ids, Console(highlight=False, width=width)
 
 
-@main.command(examples=[("the last layer's attention, mean over heads", f"charlm attn {RUN} -p \"To be, or not to be\""),
-                       ("every layer × head as small maps", f"charlm attn {RUN} -p \"To be, or not to be\" --overview"),
-                       ("what the last token looked at", f"charlm attn {RUN} -p \"To be, or not to be\" --focus -1")])
+@main.command(
+    examples=[
+        ("the last layer's attention, mean over heads", f'charlm attn {RUN} -p "To be, or not to be"'),
+        ("every layer × head as small maps", f'charlm attn {RUN} -p "To be, or not to be" --overview'),
+        ("what the last token looked at", f'charlm attn {RUN} -p "To be, or not to be" --focus -1'),
+    ]
+)
 @viewer_options
 @click.option("--head", type=int, help="Head (from 0) [default: the mean over heads].")
 @click.option("--mean", is_flag=True, help="The mean over the layer's heads.")
 @click.option("--overview", is_flag=True, help="Every layer × head as small maps.")
 @click.option("--stats", is_flag=True, help="Entropy and mean distance of every head.")
-@click.option("--focus", type=str, help="What one token looked at: a position (negative: from the end), or text "
-              "(its last occurrence's last token).")
+@click.option(
+    "--focus",
+    type=str,
+    help="What one token looked at: a position (negative: from the end), or text (its last occurrence's last token).",
+)
 @click.option("--top", type=int, default=10, show_default=True, help="Keys listed by --focus.")
-@click.option("--scale", type=click.Choice(["row", "abs"]), default="row", show_default=True,
-              help="Shade by each row's largest weight, or absolute (1 = darkest).")
-def attn(ckpt, prompt, prompt_file, layer, head, mean, overview, stats, focus, top, tokens, end, width, scale, ascii,
-         unknown):
+@click.option(
+    "--scale",
+    type=click.Choice(["row", "abs"]),
+    default="row",
+    show_default=True,
+    help="Shade by each row's largest weight, or absolute (1 = darkest).",
+)
+def attn(
+    ckpt, prompt, prompt_file, layer, head, mean, overview, stats, focus, top, tokens, end, width, scale, ascii, unknown
+):
     """Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps (by default: the last layer,
     mean over heads)."""
     from charlm.views.attention import AttnOptions, render_attention
@@ -775,15 +967,35 @@ def attn(ckpt, prompt, prompt_file, layer, head, mean, overview, stats, focus, t
     ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
     if not ck.model.has_attention:
         raise UserError(f"{ck.name} is an LSTM/GRU: it has no attention; try 'charlm gates'")
-    opts = AttnOptions(layer=layer, head=head, mean=mean, overview=overview, stats=stats, focus=focus,
-                       top=top, tokens=tokens, end=end, scale=scale, ascii=ascii, flags=True)
+    opts = AttnOptions(
+        layer=layer,
+        head=head,
+        mean=mean,
+        overview=overview,
+        stats=stats,
+        focus=focus,
+        top=top,
+        tokens=tokens,
+        end=end,
+        scale=scale,
+        ascii=ascii,
+        flags=True,
+    )
     render_attention(console, ck.model, ck.tokenizer, ids, opts)
 
 
-@main.command(examples=[
-    ("the 8 units whose gates change most", "charlm gates checkpoints/tinyshakespeare-lstm-char -p \"To be, or not to be\""),
-    ("three chosen units of the first layer",
-     "charlm gates checkpoints/tinyshakespeare-lstm-char -p \"To be\" --layer 0 --units 3,17,42")])
+@main.command(
+    examples=[
+        (
+            "the 8 units whose gates change most",
+            'charlm gates checkpoints/tinyshakespeare-lstm-char -p "To be, or not to be"',
+        ),
+        (
+            "three chosen units of the first layer",
+            'charlm gates checkpoints/tinyshakespeare-lstm-char -p "To be" --layer 0 --units 3,17,42',
+        ),
+    ]
+)
 @viewer_options
 @click.option("--units", type=str, help="How many units (those whose gates change most; default 8), or which: 3,17,42.")
 def gates(ckpt, prompt, prompt_file, layer, units, tokens, end, width, ascii, unknown):
@@ -793,17 +1005,23 @@ def gates(ckpt, prompt, prompt_file, layer, units, tokens, end, width, ascii, un
     ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
     if ck.model.has_attention:
         raise UserError(f"{ck.name} is a transformer: it has no gates; try 'charlm attn'")
-    opts = GateOptions(layer=layer, units=parse_units(units) if units else None, tokens=tokens, end=end, ascii=ascii,
-                       flags=True)
+    opts = GateOptions(
+        layer=layer, units=parse_units(units) if units else None, tokens=tokens, end=end, ascii=ascii, flags=True
+    )
     render_gates(console, ck.model, ck.tokenizer, ids, opts)
 
 
 # ---- comparison: eval, compare ------------------------------------------------------------------
 
 
-@main.command("eval", short_help="Loss, perplexity and bits per character of CKPT on any text FILE.", examples=[
-    ("bits per character on the whole corpus", f"charlm eval {RUN} corpora/tinyshakespeare.txt"),
-    ("the same as one JSON object", f"charlm eval {RUN} other.txt --json")])
+@main.command(
+    "eval",
+    short_help="Loss, perplexity and bits per character of CKPT on any text FILE.",
+    examples=[
+        ("bits per character on the whole corpus", f"charlm eval {RUN} corpora/tinyshakespeare.txt"),
+        ("the same as one JSON object", f"charlm eval {RUN} other.txt --json"),
+    ],
+)
 @click.argument("ckpt", type=click.Path(path_type=str))
 @click.argument("file", type=click.Path(path_type=str))
 @click.option("--stride", type=int, help="Transformer: tokens each window advances [default: context/2].")
@@ -826,20 +1044,42 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
         render_eval(Console(highlight=False), loaded, file, result)
 
 
-@main.command(examples=[
-    ("two runs continue the same prompt, then a table", f"charlm compare {RUN} {RUN}-2 -p \"ROMEO:\""),
-    ("with each one's bits per character on a text", f"charlm compare {RUN} {RUN}-2 --eval corpora/tinyshakespeare.txt"),
-    ("a prompt loop: each prompt goes to every model", f"charlm compare {RUN} {RUN}-2 -i")])
+@main.command(
+    examples=[
+        ("two runs continue the same prompt, then a table", f'charlm compare {RUN} {RUN}-2 -p "ROMEO:"'),
+        (
+            "with each one's bits per character on a text",
+            f"charlm compare {RUN} {RUN}-2 --eval corpora/tinyshakespeare.txt",
+        ),
+        ("a prompt loop: each prompt goes to every model", f"charlm compare {RUN} {RUN}-2 -i"),
+    ]
+)
 @click.argument("ckpts", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--prompt", "-p", default="", help="Text every model continues [default: none].")
 @config_options(SampleConfig, defaults={"max_tokens": 200})
 @unknown_option
-@click.option("--eval", "eval_file", type=click.Path(path_type=str), help="Also show each model's bits/char on this text.")
+@click.option(
+    "--eval", "eval_file", type=click.Path(path_type=str), help="Also show each model's bits/char on this text."
+)
 @click.option("--interactive", "-i", is_flag=True, help="A prompt loop: each prompt goes to every model.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (each model's text and numbers) instead.")
 @device_option
-def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, unknown, eval_file,
-            interactive, as_json, device):
+def compare(
+    ckpts,
+    prompt,
+    max_tokens,
+    temperature,
+    top_k,
+    top_p,
+    repetition_penalty,
+    stop,
+    seed,
+    unknown,
+    eval_file,
+    interactive,
+    as_json,
+    device,
+):
     """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
     from charlm.comparison import Comparison
     from charlm.runtime import pick_device
@@ -868,24 +1108,34 @@ def compare(ckpts, prompt, max_tokens, temperature, top_k, top_p, repetition_pen
         view.show(prompt)
 
 
-
 # ---- lab ----------------------------------------------------------------------------------------
 
 
-@main.command(examples=[("the experiments, one line each", "charlm lab"),
-                        ("delayed copy: where the LSTM's fixed state runs out and attention does not", "charlm lab copy"),
-                        ("time per token against the context, with fitted growth exponents", "charlm lab cost --json"),
-                        ("every head of a trained Transformer, named by what it does", f"charlm lab heads {RUN}")])
+@main.command(
+    examples=[
+        ("the experiments, one line each", "charlm lab"),
+        ("delayed copy: where the LSTM's fixed state runs out and attention does not", "charlm lab copy"),
+        ("time per token against the context, with fitted growth exponents", "charlm lab cost --json"),
+        ("every head of a trained Transformer, named by what it does", f"charlm lab heads {RUN}"),
+    ]
+)
 @click.argument("name", required=False)
 @click.argument("ckpt", required=False, type=click.Path(path_type=str))
 @click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: experiment, settings, results, reading.")
-@click.option("--out", type=click.Path(path_type=Path),
-              help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].",
+)
 @device_option
-@click.option("--text", "text_file", type=click.Path(path_type=str),
-              help="ablate: the text scored [default: the run's corpus.txt].")
+@click.option(
+    "--text",
+    "text_file",
+    type=click.Path(path_type=str),
+    help="ablate: the text scored [default: the run's corpus.txt].",
+)
 @click.option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
 def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
@@ -907,12 +1157,22 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
         return
     status = err_console().status(f"lab {name}") if not as_json else nullcontext()
     with status:  # the progress line lives on stderr and goes away when the experiment ends
-        result = run_experiment(name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out or LAB_DIR, text=text_file,
-                                progress=status.update if not as_json else (lambda message: None))
+        result = run_experiment(
+            name,
+            ckpt=ckpt,
+            quick=quick,
+            seed=seed,
+            device=device,
+            out=out or LAB_DIR,
+            text=text_file,
+            progress=status.update if not as_json else (lambda message: None),
+        )
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:
         render_lab(console, result, color=not plain)
         if result.experiment == "copy":  # show why, with the viewers
             d = result.details
-            render_copy_views(console, d, checkpoint.load(d["transformer_run"]), checkpoint.load(d["lstm_run"]), ascii=plain)
+            render_copy_views(
+                console, d, checkpoint.load(d["transformer_run"]), checkpoint.load(d["lstm_run"]), ascii=plain
+            )

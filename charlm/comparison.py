@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterator
 
 import torch
 
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, UnknownCharactersInFile, evaluate_file
-from charlm.generate import Streamer, SampleConfig
+from charlm.generate import SampleConfig, Streamer
 from charlm.tokenizer import UnknownCharactersError
 
 
@@ -42,7 +42,9 @@ class Contestant:
     done: bool = False
     eval: EvalResult | None = None
     eval_note: str | None = None
-    steps: list[tuple[float, int]] = field(default_factory=list, repr=False)  # (seconds, chars) per token after the first
+    steps: list[tuple[float, int]] = field(
+        default_factory=list, repr=False
+    )  # (seconds, chars) per token after the first
     stream: Iterator[str] | None = field(default=None, repr=False)
 
     @property
@@ -60,7 +62,7 @@ class Contestant:
             return None
         rates = []
         for k in range(parts):
-            block = self.steps[k * len(self.steps) // parts: (k + 1) * len(self.steps) // parts]
+            block = self.steps[k * len(self.steps) // parts : (k + 1) * len(self.steps) // parts]
             seconds = sum(dt for dt, _ in block)
             rates.append((sum(n for _, n in block) if chars else len(block)) / seconds if seconds > 0 else float("inf"))
         return min(rates), max(rates)
@@ -76,7 +78,7 @@ class Comparison:
         self.eval_path = None
         self.warm = False
 
-    def evaluate(self, path, progress: Callable[[str], ContextManager] | None = None) -> None:
+    def evaluate(self, path, progress: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
         """Each model's bits/char on the file at `path`, once. progress(name), if given, is a context
         manager yielding evaluate_file's progress callback for that model."""
         self.eval_path = path
@@ -146,18 +148,42 @@ class Comparison:
         models = []
         for p in self.players:
             d, m = p.ckpt.saved, p.ckpt.model_config
-            models.append({
-                "run": p.ckpt.name, "path": str(p.ckpt.path), "model": m.kind, "tokenizer": p.ckpt.tokenizer.kind,
-                "params": d.params, "steps": d.step, "train_seconds": round(d.train_seconds, 2),
-                "best_val_bpc": d.best_val_bpc, "eval_bpc": p.eval.bits_per_char if p.eval else None,
-                "eval_note": p.eval_note, "text": p.output, "note": p.note, "tokens": p.tokens, "chars": len(p.output),
-                "seconds": round(p.seconds, 4), "tokens_per_s": _round(p.tokens_per_s), "chars_per_s": _round(p.chars_per_s),
-                "ttft_ms": _round(p.ttft_ms, 2),
-            })
-        return {"prompt": self.players[0].prompt if self.players else "", "seed": self.last_seed,
-                "settings": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                             "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens, "stop": s.stop},
-                "eval_file": str(self.eval_path) if self.eval_path is not None else None, "models": models}
+            models.append(
+                {
+                    "run": p.ckpt.name,
+                    "path": str(p.ckpt.path),
+                    "model": m.kind,
+                    "tokenizer": p.ckpt.tokenizer.kind,
+                    "params": d.params,
+                    "steps": d.step,
+                    "train_seconds": round(d.train_seconds, 2),
+                    "best_val_bpc": d.best_val_bpc,
+                    "eval_bpc": p.eval.bits_per_char if p.eval else None,
+                    "eval_note": p.eval_note,
+                    "text": p.output,
+                    "note": p.note,
+                    "tokens": p.tokens,
+                    "chars": len(p.output),
+                    "seconds": round(p.seconds, 4),
+                    "tokens_per_s": _round(p.tokens_per_s),
+                    "chars_per_s": _round(p.chars_per_s),
+                    "ttft_ms": _round(p.ttft_ms, 2),
+                }
+            )
+        return {
+            "prompt": self.players[0].prompt if self.players else "",
+            "seed": self.last_seed,
+            "settings": {
+                "temperature": s.temperature,
+                "top_k": s.top_k,
+                "top_p": s.top_p,
+                "repetition_penalty": s.repetition_penalty,
+                "max_tokens": s.max_tokens,
+                "stop": s.stop,
+            },
+            "eval_file": str(self.eval_path) if self.eval_path is not None else None,
+            "models": models,
+        }
 
 
 def _round(x: float | None, digits: int = 1) -> float | None:

@@ -38,16 +38,34 @@ def check_seed(seed: int | None) -> None:
     _check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
 
 
-def flag(default, help: str, *, name: str | None = None, short: str | None = None, choices: tuple | None = None,
-         resumable: bool = False, from_preset: bool = False, derived: bool = False, applies_to: str | None = None,
-         **kw):
+def flag(
+    default,
+    help: str,
+    *,
+    name: str | None = None,
+    short: str | None = None,
+    choices: tuple | None = None,
+    resumable: bool = False,
+    from_preset: bool = False,
+    derived: bool = False,
+    applies_to: str | None = None,
+    **kw,
+):
     """A config field with its command-line flag. name: the flag without "--" (default: the field's name
     with dashes). resumable: `--resume` may change it. from_preset: the CLI default comes from --preset
     (the field's default applies to code that builds configs itself). derived: the command works the
     value out when the flag is absent (--steps and --max-time from each other). applies_to: the only
     model kind (ModelConfig) or tokenizer (TrainConfig) the setting means anything for."""
-    meta = dict(flag=name, short=short, help=help, choices=choices, resumable=resumable, from_preset=from_preset,
-                derived=derived, applies_to=applies_to)
+    meta = dict(
+        flag=name,
+        short=short,
+        help=help,
+        choices=choices,
+        resumable=resumable,
+        from_preset=from_preset,
+        derived=derived,
+        applies_to=applies_to,
+    )
     if "default_factory" in kw:
         return field(metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -82,7 +100,7 @@ class ModelConfig:
     positions: str = flag("rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer")
     mlp_ratio: int = internal(4)  # transformer only: MLP hidden = mlp_ratio * d_model
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> ModelConfig:
         _check(self.kind in MODEL_KINDS, f"unknown model '{self.kind}': choose one of {', '.join(MODEL_KINDS)}")
         _check(self.vocab_size >= 2, f"vocabulary size must be at least 2, got {self.vocab_size}")
         _check(1 <= self.n_layers <= 64, f"--layers must be between 1 and 64, got {self.n_layers}")
@@ -95,7 +113,10 @@ class ModelConfig:
                 self.d_model % self.n_heads == 0,
                 f"--d-model {self.d_model} is not divisible by --heads {self.n_heads}: pick sizes where it is (e.g. 128 and 4)",
             )
-            _check(self.positions in POSITIONS, f"unknown --positions '{self.positions}': choose one of {', '.join(POSITIONS)}")
+            _check(
+                self.positions in POSITIONS,
+                f"unknown --positions '{self.positions}': choose one of {', '.join(POSITIONS)}",
+            )
             head_dim = self.d_model // self.n_heads
             _check(
                 self.positions != "rope" or head_dim % 2 == 0,
@@ -108,7 +129,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         return _from_dict(cls, d)
 
 
@@ -117,35 +138,49 @@ class TrainConfig:
     tokenizer: str = flag("char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS)
     vocab_size: int = flag(1024, "BPE vocabulary size.", applies_to="bpe")
     # the run's total; --resume continues up to it
-    steps: int = flag(2000, "Total optimizer steps [default: as many as --max-time allows].", resumable=True,
-                      derived=True)
+    steps: int = flag(
+        2000, "Total optimizer steps [default: as many as --max-time allows].", resumable=True, derived=True
+    )
     # seconds; training stops (and the schedule ends) when it runs out. The CLI reads a duration (90s, 10m)
-    max_time: float | None = flag(None, "Time budget, e.g. 90s, 10m, 1h [default: 2m unless --steps].", resumable=True,
-                                  derived=True)
+    max_time: float | None = flag(
+        None, "Time budget, e.g. 90s, 10m, 1h [default: 2m unless --steps].", resumable=True, derived=True
+    )
     batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True)
-    precision: str = flag("auto", "Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.",
-                          choices=PRECISIONS, resumable=True)
-    grad_accum: int = flag(1, "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes.")
+    precision: str = flag(
+        "auto",
+        "Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.",
+        choices=PRECISIONS,
+        resumable=True,
+    )
+    grad_accum: int = flag(
+        1, "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes."
+    )
     lr: float = flag(3e-3, "Peak learning rate.", from_preset=True)
     min_lr_ratio: float = internal(0.1)  # cosine decays to lr * min_lr_ratio
     warmup: int = flag(100, "Warmup steps.")
     weight_decay: float = flag(0.1, "AdamW weight decay of matrices and embeddings.")
     beta2: float = internal(0.99)
-    optimizer: str = flag("muon", "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.",
-                          choices=OPTIMIZERS)
+    optimizer: str = flag(
+        "muon", "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.", choices=OPTIMIZERS
+    )
     muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).")
     grad_clip: float = internal(1.0)
-    eval_interval: int | None = flag(None, "Steps between evaluations [default: the first after 5% of the budget, "
-                                     "then as often as costs ~5% of the time].", resumable=True)
+    eval_interval: int | None = flag(
+        None,
+        "Steps between evaluations [default: the first after 5% of the budget, "
+        "then as often as costs ~5% of the time].",
+        resumable=True,
+    )
     eval_iters: int = flag(20, "Batches per evaluation.", resumable=True)
     val_fraction: float = internal(0.1)
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.")
     device: str = flag("auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, resumable=True)
     compile: bool = flag(False, "torch.compile the model.", resumable=True)
-    sample_tokens: int = flag(200, "Length of the samples shown at each evaluation and at the end (0: none).",
-                              resumable=True)
+    sample_tokens: int = flag(
+        200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True
+    )
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer '{self.tokenizer}': choose char or bpe")
         _check(
             self.tokenizer != "bpe" or 257 <= self.vocab_size <= 1_000_000,
@@ -156,8 +191,11 @@ class TrainConfig:
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
-        _check(self.batch_size <= MAX_BATCH, f"--batch-size must be at most {MAX_BATCH}, got {self.batch_size}: "
-               "--grad-accum gives larger effective batches")
+        _check(
+            self.batch_size <= MAX_BATCH,
+            f"--batch-size must be at most {MAX_BATCH}, got {self.batch_size}: "
+            "--grad-accum gives larger effective batches",
+        )
         _check(self.precision in PRECISIONS, f"unknown --precision '{self.precision}': choose auto, fp32 or bf16")
         _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
@@ -167,7 +205,10 @@ class TrainConfig:
         _check(math.isfinite(self.weight_decay), f"--weight-decay must be a finite number, got {self.weight_decay}")
         _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
         _check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
-        _check(self.eval_interval is None or self.eval_interval >= 1, f"--eval-interval must be at least 1, got {self.eval_interval}")
+        _check(
+            self.eval_interval is None or self.eval_interval >= 1,
+            f"--eval-interval must be at least 1, got {self.eval_interval}",
+        )
         _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
         _check(self.device in DEVICES, f"unknown --device '{self.device}': choose auto, cpu or cuda")
@@ -179,7 +220,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         return _from_dict(cls, d)
 
 
@@ -192,15 +233,18 @@ class SampleConfig:
     top_p: float = flag(1.0, "Nucleus: keep tokens up to this probability (1: off).")
     repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.")
     max_tokens: int = flag(500, "New tokens to generate.", short="n")
-    stop: list[str] = flag(None, r"Stop at this text (cut off); repeatable; \n and \t are escapes.",
-                           default_factory=list)
+    stop: list[str] = flag(
+        None, r"Stop at this text (cut off); repeatable; \n and \t are escapes.", default_factory=list
+    )
     seed: int | None = flag(None, "Same seed, same text [default: random].")
 
-    def validate(self) -> "SampleConfig":
+    def validate(self) -> SampleConfig:
         _check(0 <= self.temperature <= 100, f"temperature must be between 0 and 100, got {self.temperature}")
         _check(self.top_k >= 0, f"top_k must be 0 (off) or more, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        _check(
+            0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
+        )
         _check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
         _check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")

@@ -7,9 +7,9 @@ import hashlib
 import io
 import math
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -174,8 +174,9 @@ def _write_cache(path: Path, write: Callable) -> None:
     try:
         files.atomic_write(path, write, parents=True)
     except files.WriteError as e:
-        raise files.WriteError(f"{e} (the token cache): free some space, or set CHARLM_CACHE to a disk with room",
-                               e.path) from None
+        raise files.WriteError(
+            f"{e} (the token cache): free some space, or set CHARLM_CACHE to a disk with room", e.path
+        ) from None
 
 
 def encode_corpus(

@@ -52,8 +52,10 @@ def init(device: str) -> Dist:
         return me
     if device == "cuda":
         if me.local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"rank {me.rank} needs GPU {me.local_rank}, but only {torch.cuda.device_count()} are visible: "
-                              "start at most one process per GPU")
+            raise ConfigError(
+                f"rank {me.rank} needs GPU {me.local_rank}, but only {torch.cuda.device_count()} are visible: "
+                "start at most one process per GPU"
+            )
         torch.cuda.set_device(me.local_rank)
     dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=TIMEOUT)
     return me

@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -77,9 +77,18 @@ class EvalResult:
         return self.nats / self.bytes / LN2
 
     def to_dict(self) -> dict:
-        return {"loss": self.loss, "bits_per_char": self.bits_per_char, "bits_per_byte": self.bits_per_byte,
-                "perplexity": self.perplexity, "tokens": self.tokens, "chars": self.chars, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "stride": self.stride, "unknown_dropped": self.unknown_dropped}
+        return {
+            "loss": self.loss,
+            "bits_per_char": self.bits_per_char,
+            "bits_per_byte": self.bits_per_byte,
+            "perplexity": self.perplexity,
+            "tokens": self.tokens,
+            "chars": self.chars,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "stride": self.stride,
+            "unknown_dropped": self.unknown_dropped,
+        }
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -96,7 +105,9 @@ def encode_file(path: str | os.PathLike, tokenizer: Tokenizer, unknown: str = "e
             ids = tokenizer.encode_array(chunk)
         except UnknownCharactersError as e:
             # replace: scored as the tokenizer's replacement character; otherwise left out of the score
-            ids = np.asarray(tokenizer.encode(chunk, unknown="replace" if unknown == "replace" else "drop"), dtype=np.int64)
+            ids = np.asarray(
+                tokenizer.encode(chunk, unknown="replace" if unknown == "replace" else "drop"), dtype=np.int64
+            )
             dropped += len(chunk) - len(ids)
             missing.update(dict.fromkeys(e.chars))
         parts.append(np.asarray(ids, dtype=np.int32))
@@ -132,7 +143,9 @@ def _nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def token_nats(model, ids: np.ndarray, stride: int | None = None, batch_size: int = 16) -> Iterator[tuple[int, np.ndarray]]:
+def token_nats(
+    model, ids: np.ndarray, stride: int | None = None, batch_size: int = 16
+) -> Iterator[tuple[int, np.ndarray]]:
     """Yields (j, nats): nats[i] = -log p(ids[j + i] | the text before it), in text order, each target
     j = 1..len(ids)-1 exactly once. The model must be in eval mode."""
     context, device = model.cfg.context, next(model.parameters()).device
@@ -169,7 +182,11 @@ def _token_tables(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def evaluate_ids(
-    model, tokenizer: Tokenizer, ids: np.ndarray, stride: int | None = None, batch_size: int = 16,
+    model,
+    tokenizer: Tokenizer,
+    ids: np.ndarray,
+    stride: int | None = None,
+    batch_size: int = 16,
     progress: Progress | None = None,
 ) -> EvalResult:
     """Score token ids (see the module docstring for what is counted)."""
@@ -186,14 +203,23 @@ def evaluate_ids(
     n_bytes, n_chars = _token_tables(tokenizer)
     rest = np.asarray(ids[1:], dtype=np.int64)
     return EvalResult(
-        nats=total, tokens=scored, chars=int(n_chars[rest].sum()), bytes=int(n_bytes[rest].sum()),
-        seconds=time.perf_counter() - t0, stride=None if not model.has_attention else (stride or model.cfg.context // 2),
+        nats=total,
+        tokens=scored,
+        chars=int(n_chars[rest].sum()),
+        bytes=int(n_bytes[rest].sum()),
+        seconds=time.perf_counter() - t0,
+        stride=None if not model.has_attention else (stride or model.cfg.context // 2),
     )
 
 
 def evaluate_file(
-    model, tokenizer: Tokenizer, path: str | os.PathLike, stride: int | None = None, unknown: str = "error",
-    batch_size: int = 16, progress: Progress | None = None,
+    model,
+    tokenizer: Tokenizer,
+    path: str | os.PathLike,
+    stride: int | None = None,
+    unknown: str = "error",
+    batch_size: int = 16,
+    progress: Progress | None = None,
 ) -> EvalResult:
     """Loss and bits per char/byte of `model` on a whole UTF-8 text file."""
     t0 = time.perf_counter()

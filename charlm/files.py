@@ -13,8 +13,9 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 # [A-Za-z0-9-] only: the host is part of temp file names and of the pattern that finds them again
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "localhost"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import codecs
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -104,8 +104,13 @@ class Stats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 1),
-                "ttft_ms": round(self.ttft_ms, 2), "prompt_tokens": self.prompt_tokens}
+        return {
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "ttft_ms": round(self.ttft_ms, 2),
+            "prompt_tokens": self.prompt_tokens,
+        }
 
 
 class Streamer:
@@ -154,23 +159,23 @@ class Streamer:
         not seen."""
         if not self.use_cache:
             if self.sliding:
-                self.ids = self.ids[-self.context:]
+                self.ids = self.ids[-self.context :]
             return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
         if self.cache is None:
             self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
-        new = self.ids[self._fed:]
+        new = self.ids[self._fed :]
         if not new and self._last is not None:  # asked twice: nothing new to feed
             return self._last
         if self.sliding and self.cache.pos + len(new) > self.context and not (self.rolling and len(new) < self.context):
             self._drop_cache()  # start again from the last context tokens (a long prompt, or absolute positions)
-            new = self.ids[-self.context:]
+            new = self.ids[-self.context :]
         # a rolling cache takes what fits in its free slots at once, and the rest one token at a time
         first = min(len(new), max(self.context - self.cache.pos, 1)) if self.rolling else len(new)
         logits = self._feed(new[:first])
         for token in new[first:]:
             logits = self._feed([token])
         if self.sliding:
-            self.ids = self.ids[-self.context:]
+            self.ids = self.ids[-self.context :]
         self._fed, self._last = len(self.ids), logits
         return logits
 
@@ -185,7 +190,9 @@ class Streamer:
                 return self.model(idx, cache=self.cache)[0][0, -1]
         return self.model(idx, cache=self.cache)[0][0, -1]
 
-    def stream(self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None) -> Iterator[str]:
+    def stream(
+        self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None
+    ) -> Iterator[str]:
         """Append prompt_ids to the running text, then yield the continuation as text pieces.
 
         Stops after settings.max_tokens tokens or at a stop string (cut off from the text yielded;
@@ -193,7 +200,9 @@ class Streamer:
         """
         if generator is None:
             generator = torch.Generator()
-            generator.manual_seed(settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+            generator.manual_seed(
+                settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            )
         self.stats = Stats(prompt_tokens=len(prompt_ids))
         self.ids.extend(prompt_ids)
         if not self.ids:  # nothing to condition on: start as a new line would (or token 0)
@@ -208,7 +217,7 @@ class Streamer:
                     logits = self.next_logits()
                     history = None
                     if settings.repetition_penalty != 1.0:
-                        history = torch.tensor(self.ids[-self.context:], device=logits.device).unique()
+                        history = torch.tensor(self.ids[-self.context :], device=logits.device).unique()
                     token = sample_next_token(logits, settings, generator, history)
                 except BaseException:  # e.g. Ctrl-C inside the model: the cache may be half-written
                     self._drop_cache()
@@ -225,7 +234,7 @@ class Streamer:
                 if len(pending) > hold:
                     self.stats.seconds = time.perf_counter() - start
                     yield pending[: len(pending) - hold]
-                    pending = pending[len(pending) - hold:]
+                    pending = pending[len(pending) - hold :]
             else:
                 pending += utf8.flush()
             self.stats.seconds = time.perf_counter() - start

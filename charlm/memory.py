@@ -72,4 +72,5 @@ def check_fits(m: ModelConfig, t: TrainConfig, device: str, processes: int = 1) 
         raise ConfigError(
             f"this run needs about {_human(need)} of memory (weights and optimizer {_human(state)}, activations "
             f"{_human(activations)} per process) but {device} has {_human(free)} free: lower --batch-size (--grad-accum "
-            f"keeps the effective batch), --context, --d-model or --layers")
+            f"keeps the effective batch), --context, --d-model or --layers"
+        )

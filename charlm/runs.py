@@ -109,12 +109,15 @@ class RunLock:
 
 def check_world_size(out: Path, trained_on: int, world_size: int) -> None:
     if trained_on != world_size:  # each rank's batches are part of the run
-        raise ConfigError(f"--resume: {out} was trained with {trained_on} process(es), not {world_size}; resume it "
-                          f"with --nproc {trained_on} (or torchrun --nproc-per-node {trained_on})")
+        raise ConfigError(
+            f"--resume: {out} was trained with {trained_on} process(es), not {world_size}; resume it "
+            f"with --nproc {trained_on} (or torchrun --nproc-per-node {trained_on})"
+        )
 
 
-def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1,
-                   given: set[str] | None = None) -> tuple[ModelConfig, TrainConfig]:
+def resume_configs(
+    out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1, given: set[str] | None = None
+) -> tuple[ModelConfig, TrainConfig]:
     """The configs a resumed run continues with: the saved ones, with the settings the user gave applied
     where the field says it may change (resumable), and a one-line error where it may not.
 
@@ -127,21 +130,26 @@ def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainCon
     if given is None:
         given = {f.name for f in fields(TrainConfig)} | {"model." + f.name for f in fields(ModelConfig)}
     if "model.kind" in given and model_cfg.kind != old_model.kind:
-        raise ConfigError(f"--resume: this run is a {old_model.kind}, not a {model_cfg.kind}; use another --out for a new run")
+        raise ConfigError(
+            f"--resume: this run is a {old_model.kind}, not a {model_cfg.kind}; use another --out for a new run"
+        )
     for cls, prefix, run_is in ((ModelConfig, "model.", old_model.kind), (TrainConfig, "", old_train.tokenizer)):
         for f in fields(cls):  # typed flags only: a --preset sets sizes such as --heads for every model kind
             applies_to = f.metadata.get("applies_to")
             if applies_to and applies_to != run_is and typed and prefix + f.name in typed:
-                raise ConfigError(f"--resume: --{flag_name(f)} applies to {applies_to} runs only, and this run is "
-                                  f"{run_is}; drop it")
+                raise ConfigError(
+                    f"--resume: --{flag_name(f)} applies to {applies_to} runs only, and this run is {run_is}; drop it"
+                )
     for f in fields(ModelConfig):
         if f.name in ("kind", "vocab_size"):  # the tokenizer sets vocab_size
             continue
         new, old = getattr(model_cfg, f.name), getattr(old_model, f.name)
         if ("model." + f.name in given or "preset:" + f.name in given) and new != old:
             source = " (from --preset)" if "model." + f.name not in given else ""
-            raise ConfigError(f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
-                              "drop the flag, or start a new run with another --out")
+            raise ConfigError(
+                f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
+                "drop the flag, or start a new run with another --out"
+            )
     changes = {}
     for f in fields(TrainConfig):
         if f.name not in given and "preset:" + f.name not in given:
@@ -150,16 +158,20 @@ def resume_configs(out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainCon
         if f.metadata.get("resumable"):
             changes[f.name] = new
         elif new != old:
-            raise ConfigError(f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}; only "
-                              f"{', '.join('--' + flag_name(r) for r in fields(TrainConfig) if r.metadata.get('resumable'))} may change")
+            raise ConfigError(
+                f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}; only "
+                f"{', '.join('--' + flag_name(r) for r in fields(TrainConfig) if r.metadata.get('resumable'))} may change"
+            )
     if given & {"steps", "max_time"}:  # a new budget replaces the old one: --steps alone means no time limit
         changes["steps"], changes["max_time"] = train_cfg.steps, train_cfg.max_time
     new_train = replace(old_train, **changes)
     if saved.step >= new_train.steps:
         raise ConfigError(f"--resume: {out} is already at step {saved.step}; give a larger --steps to train on")
     if new_train.max_time and saved.train_seconds >= new_train.max_time:
-        raise ConfigError(f"--resume: {out} has already trained for {saved.train_seconds:.0f}s; "
-                          "give a larger --max-time (the total) or --steps to train on")
+        raise ConfigError(
+            f"--resume: {out} has already trained for {saved.train_seconds:.0f}s; "
+            "give a larger --max-time (the total) or --steps to train on"
+        )
     return old_model, new_train
 
 
@@ -182,10 +194,19 @@ def describe(run: Path) -> dict:
     except checkpoint.CheckpointError as e:
         return {**row, "error": str(e)}
     m, t = saved.model_config, saved.train_config
-    return {**row, "model": m.kind, "layers": m.n_layers, "d_model": m.d_model, "tokenizer": t.tokenizer,
-            "vocab_size": m.vocab_size, "params": saved.params, "steps": saved.step,
-            "train_seconds": round(saved.train_seconds, 2), "best_val_bpc": saved.best_val_bpc,
-            "corpus": saved.corpus.name if saved.corpus else None}
+    return {
+        **row,
+        "model": m.kind,
+        "layers": m.n_layers,
+        "d_model": m.d_model,
+        "tokenizer": t.tokenizer,
+        "vocab_size": m.vocab_size,
+        "params": saved.params,
+        "steps": saved.step,
+        "train_seconds": round(saved.train_seconds, 2),
+        "best_val_bpc": saved.best_val_bpc,
+        "corpus": saved.corpus.name if saved.corpus else None,
+    }
 
 
 def read_metrics(run: Path) -> list[dict]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Callable, Iterable
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -140,7 +140,9 @@ BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 # regex, so encoding the pieces separately gives exactly the ids of encoding the whole text.
 # (Python's \s is a superset of Unicode White_Space, so \S here never claims too much.)
 _SAFE_BOUNDARY = re.compile(r"\S\n(?=\S)")  # the boundary is the end of the match
-PIECE_CHARS = 1 << 14  # a line per piece costs ~25% more time in per-Encoding overhead; 64 pieces per MB still parallelise
+PIECE_CHARS = (
+    1 << 14
+)  # a line per piece costs ~25% more time in per-Encoding overhead; 64 pieces per MB still parallelise
 
 
 def _pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
@@ -151,6 +153,8 @@ def _pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
         start = m.end()
     pieces.append(text[start:])
     return pieces
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -36,7 +36,6 @@ from charlm.models import build_model, count_params
 from charlm.runtime import autocast_dtype, pick_device
 from charlm.tokenizer import tokenizer_from_json
 
-
 # ---- events -------------------------------------------------------------------------------------
 
 
@@ -173,7 +172,9 @@ class Optimizers:
 
     def load_state_dict(self, state: dict) -> None:
         if len(state.get("optimizers", [])) != len(self.optimizers):
-            raise ConfigError("the checkpoint's optimizer state does not match --optimizer: resume with the same optimizer")
+            raise ConfigError(
+                "the checkpoint's optimizer state does not match --optimizer: resume with the same optimizer"
+            )
         for o, s in zip(self.optimizers, state["optimizers"]):
             o.load_state_dict(s)
 
@@ -192,20 +193,27 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str) -> Opt
             {"params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
             {"params": [p for n, p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
         ]
-        return Optimizers([
-            torch.optim.Muon([{"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}], lr=cfg.muon_lr, weight_decay=0.0),
-            torch.optim.AdamW(groups, lr=cfg.lr, **adam),
-        ])
+        return Optimizers(
+            [
+                torch.optim.Muon(
+                    [{"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}], lr=cfg.muon_lr, weight_decay=0.0
+                ),
+                torch.optim.AdamW(groups, lr=cfg.lr, **adam),
+            ]
+        )
     decay = [p for n, p in named if p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for n, p in named if p.dim() < 2]  # norms and biases
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
-              {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
     return Optimizers([torch.optim.AdamW(groups, lr=cfg.lr, **adam)])
 
 
 @torch.no_grad()
-def evaluate(model, batches: Batches, cfg: TrainConfig, device: str, autocast,
-             rank: int = 0, world_size: int = 1) -> dict[str, float]:
+def evaluate(
+    model, batches: Batches, cfg: TrainConfig, device: str, autocast, rank: int = 0, world_size: int = 1
+) -> dict[str, float]:
     """Mean loss over the same eval_iters windows of each split every time (a fixed generator), so
     evaluations are comparable and never disturb the training RNG. With several processes, each
     computes every world_size-th window and the sums are added up: the same numbers on every rank."""
@@ -215,7 +223,9 @@ def evaluate(model, batches: Batches, cfg: TrainConfig, device: str, autocast,
         gen = torch.Generator().manual_seed(cfg.seed + 1)
         total = 0.0
         for i in range(cfg.eval_iters):
-            x, y = batches.get_batch(split, cfg.batch_size, gen, device)  # every rank draws every window: gens stay in step
+            x, y = batches.get_batch(
+                split, cfg.batch_size, gen, device
+            )  # every rank draws every window: gens stay in step
             if i % world_size == rank:
                 with autocast:
                     _, loss = model(x, y)
@@ -250,7 +260,9 @@ class Trainer:
         self._build()
         if saved:
             self._restore(saved)
-        self._drop_metrics_beyond(self.step)  # (a new run: all of them, the log of a run killed before its first last.pt)
+        self._drop_metrics_beyond(
+            self.step
+        )  # (a new run: all of them, the log of a run killed before its first last.pt)
         self._wrap()
 
     def _saved_run(self, corpus, model_cfg: ModelConfig) -> Saved:
@@ -262,7 +274,9 @@ class Trainer:
         # hash before encoding: another text would fail later with a less helpful message
         # (_prepare_data passes the same hash on, so the corpus is read for hashing once)
         if saved.corpus.sha256 != corpus_sha256(corpus):
-            raise ConfigError(f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out")
+            raise ConfigError(
+                f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out"
+            )
         return saved
 
     def _prepare_data(self, corpus, model_cfg: ModelConfig, saved: Saved | None) -> None:
@@ -272,7 +286,10 @@ class Trainer:
         if self.dist.local_rank != 0:
             distributed.barrier()
         self.tokenizer, tokens_path, corpus_sha = prepare(
-            corpus, self.cfg.tokenizer, self.cfg.vocab_size, tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
+            corpus,
+            self.cfg.tokenizer,
+            self.cfg.vocab_size,
+            tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
             progress=lambda done, total: self.on_event(Encoding(done=done, total=total)),
             sha256=saved.corpus.sha256 if saved else None,  # checked equal to the file's hash by _saved_run
         )
@@ -281,10 +298,17 @@ class Trainer:
         if self.tokenizer.vocab_size < 2:
             raise CorpusError(f"{corpus} holds a single distinct character: there is nothing to learn from it")
         self.model_cfg = replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
-        self.batches = Batches(load_tokens(tokens_path), context=self.model_cfg.context, val_fraction=self.cfg.val_fraction)
+        self.batches = Batches(
+            load_tokens(tokens_path), context=self.model_cfg.context, val_fraction=self.cfg.val_fraction
+        )
         self.batches.check()
-        self.corpus = Corpus(name=Path(corpus).name, sha256=corpus_sha, train_tokens=len(self.batches.train),
-                             val_tokens=len(self.batches.val), chars_per_token=self.batches.chars_per_token(self.tokenizer))
+        self.corpus = Corpus(
+            name=Path(corpus).name,
+            sha256=corpus_sha,
+            train_tokens=len(self.batches.train),
+            val_tokens=len(self.batches.val),
+            chars_per_token=self.batches.chars_per_token(self.tokenizer),
+        )
 
     def _build(self) -> None:
         """Model, optimizer and mixed precision, fresh."""
@@ -320,7 +344,9 @@ class Trainer:
         best = self.out_dir / "best.pt"
         if best.exists() and best.stat().st_mtime_ns > (self.out_dir / "last.pt").stat().st_mtime_ns:
             newer = checkpoint.read(best)
-            if newer.best_val_loss is not None and (self.best_val_loss is None or newer.best_val_loss < self.best_val_loss):
+            if newer.best_val_loss is not None and (
+                self.best_val_loss is None or newer.best_val_loss < self.best_val_loss
+            ):
                 self.best_val_loss, self.best_val_bpc = newer.best_val_loss, newer.best_val_bpc
 
     def _drop_metrics_beyond(self, step: int) -> None:
@@ -352,10 +378,21 @@ class Trainer:
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         model.train()
         with self.signals as signals:
-            self.on_event(Started(out_dir=self.out_dir, device=self.device, params=self.params, model_config=self.model_cfg,
-                                  train_config=cfg, start_step=self.step, train_tokens=len(self.batches.train),
-                                  val_tokens=len(self.batches.val), vocab_size=self.tokenizer.vocab_size,
-                                  world_size=self.dist.world_size, start_seconds=self.train_seconds))
+            self.on_event(
+                Started(
+                    out_dir=self.out_dir,
+                    device=self.device,
+                    params=self.params,
+                    model_config=self.model_cfg,
+                    train_config=cfg,
+                    start_step=self.step,
+                    train_tokens=len(self.batches.train),
+                    val_tokens=len(self.batches.val),
+                    vocab_size=self.tokenizer.vocab_size,
+                    world_size=self.dist.world_size,
+                    start_seconds=self.train_seconds,
+                )
+            )
             while self.step < cfg.steps:
                 # every rank must leave the loop at the same step: they agree on Ctrl-C and on the clock
                 # (the max over ranks), which also gives them the same learning rate under --max-time
@@ -388,8 +425,15 @@ class Trainer:
                 self.step += 1
                 self.train_seconds = seconds_before + time.perf_counter() - session_start
                 elapsed = time.perf_counter() - t0
-                self.on_event(Stepped(step=self.step, loss=loss_value, lr=lr, tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
-                                      elapsed=self.train_seconds))
+                self.on_event(
+                    Stepped(
+                        step=self.step,
+                        loss=loss_value,
+                        lr=lr,
+                        tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
+                        elapsed=self.train_seconds,
+                    )
+                )
                 if self.eval_due():
                     last_val, last_eval_step = self.scheduled_eval(), self.step
             if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
@@ -448,15 +492,28 @@ class Trainer:
         return loss_value / self.dist.world_size, grad_norm.item()
 
     def diverged(self, what: str, step: int) -> NoReturn:
-        kept = (f"the last good checkpoint in {self.out_dir} was kept" if (self.out_dir / "last.pt").exists()
-                else "nothing was saved")
-        raise TrainingDiverged(f"{what} at step {step}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})")
+        kept = (
+            f"the last good checkpoint in {self.out_dir} was kept"
+            if (self.out_dir / "last.pt").exists()
+            else "nothing was saved"
+        )
+        raise TrainingDiverged(
+            f"{what} at step {step}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})"
+        )
 
     def result(self, stopped: str, last_val: float | None) -> Result:
         final = self.sample_text(self.cfg.sample_tokens, seed=self.cfg.seed) if stopped != "interrupted" else None
-        return Result(out_dir=self.out_dir, step=self.step, stopped=stopped, train_seconds=self.train_seconds,
-                      best_val_loss=self.best_val_loss, best_val_bpc=self.best_val_bpc, last_val_loss=last_val,
-                      params=self.params, sample=final)
+        return Result(
+            out_dir=self.out_dir,
+            step=self.step,
+            stopped=stopped,
+            train_seconds=self.train_seconds,
+            best_val_loss=self.best_val_loss,
+            best_val_bpc=self.best_val_bpc,
+            last_val_loss=last_val,
+            params=self.params,
+            sample=final,
+        )
 
     def sample_text(self, n_tokens: int, seed: int) -> str | None:
         """A short sample from the model on rank 0 (its own RNG: the training RNG is never touched)."""
@@ -465,7 +522,9 @@ class Trainer:
         self.on_event(Phase(name="sampling"))
         self.model.eval()
         try:
-            return Streamer(self.model, self.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed))
+            return Streamer(self.model, self.tokenizer).complete(
+                [], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
+            )
         finally:
             self.model.train()
 
@@ -473,16 +532,22 @@ class Trainer:
         """Evaluate; write best.pt when val loss improved, then the metrics line, then last.pt (the commit
         record: see the module's docstring), with signals held off until all three are written. Returns val loss."""
         self.on_event(Phase(name="evaluating"))
-        losses = evaluate(self.model, self.batches, self.cfg, self.device, self.autocast,
-                          self.dist.rank, self.dist.world_size)
+        losses = evaluate(
+            self.model, self.batches, self.cfg, self.device, self.autocast, self.dist.rank, self.dist.world_size
+        )
         if not all(map(math.isfinite, losses.values())):  # never overwrite a good checkpoint with this
             self.diverged(f"the evaluation loss became {losses['val']}", self.step)
         val_bpc = bits_per_char(losses["val"], self.corpus.chars_per_token)
         is_best = self.best_val_loss is None or losses["val"] < self.best_val_loss
         if is_best:
             self.best_val_loss, self.best_val_bpc = losses["val"], val_bpc
-        metrics = {"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
-                   "val_bpc": val_bpc, "elapsed": round(self.train_seconds, 3)}
+        metrics = {
+            "step": self.step,
+            "train_loss": losses["train"],
+            "val_loss": losses["val"],
+            "val_bpc": val_bpc,
+            "elapsed": round(self.train_seconds, 3),
+        }
         self.on_event(Phase(name="saving"))
         with self.signals.holding():
             if is_best:
@@ -491,8 +556,16 @@ class Trainer:
                 files.append_line(self.out_dir / "metrics.jsonl", json.dumps(metrics))
             self.save("last.pt", metrics)
         sample = None if self.signals.requested else self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)
-        self.on_event(Evaluated(step=self.step, train_loss=losses["train"], val_loss=losses["val"], val_bpc=val_bpc,
-                                is_best=is_best, sample=sample))  # (no sample when the run is stopping)
+        self.on_event(
+            Evaluated(
+                step=self.step,
+                train_loss=losses["train"],
+                val_loss=losses["val"],
+                val_bpc=val_bpc,
+                is_best=is_best,
+                sample=sample,
+            )
+        )  # (no sample when the run is stopping)
         return losses["val"]
 
     def save(self, name: str, metrics: dict | None = None) -> None:
@@ -504,17 +577,31 @@ class Trainer:
             ranks = distributed.all_gather({"rng": rng, "weights": distributed.weights_digest(self.model.state_dict())})
             digests = [r["weights"] for r in ranks]
             if len(set(digests)) > 1:  # every rank sees the same list, so every rank raises
-                raise RuntimeError(f"the {len(digests)} processes hold different weights at step {self.step}: "
-                                   f"sha256 {', '.join(d[:12] for d in digests)}")
+                raise RuntimeError(
+                    f"the {len(digests)} processes hold different weights at step {self.step}: "
+                    f"sha256 {', '.join(d[:12] for d in digests)}"
+                )
             rng, world_size = {**rng, "ranks": [r["rng"] for r in ranks]}, len(ranks)
         if self.dist.is_main:
             saved = Saved(
-                run_name=self.out_dir.resolve().name, model_config=self.model_cfg, train_config=self.cfg,
-                tokenizer=self.tokenizer.to_json(), model=self.model.state_dict(), step=self.step,
-                train_seconds=self.train_seconds, best_val_loss=self.best_val_loss, best_val_bpc=self.best_val_bpc,
-                params=self.params, device=self.device, metrics=metrics or {"step": self.step}, corpus=self.corpus,
-                optimizer=self.optimizer.state_dict(), rng=rng, scaler=self.scaler.state_dict() if self.scaler else None,
-                world_size=world_size, weights_sha256=digests,
+                run_name=self.out_dir.resolve().name,
+                model_config=self.model_cfg,
+                train_config=self.cfg,
+                tokenizer=self.tokenizer.to_json(),
+                model=self.model.state_dict(),
+                step=self.step,
+                train_seconds=self.train_seconds,
+                best_val_loss=self.best_val_loss,
+                best_val_bpc=self.best_val_bpc,
+                params=self.params,
+                device=self.device,
+                metrics=metrics or {"step": self.step},
+                corpus=self.corpus,
+                optimizer=self.optimizer.state_dict(),
+                rng=rng,
+                scaler=self.scaler.state_dict() if self.scaler else None,
+                world_size=world_size,
+                weights_sha256=digests,
             )
             checkpoint.save(saved, self.out_dir / name)
         if name == "last.pt":
@@ -569,7 +656,7 @@ class _DeferredInterrupt:
         finally:
             self.held = held
 
-    def __enter__(self) -> "_DeferredInterrupt":
+    def __enter__(self) -> _DeferredInterrupt:
         self.requested, self.signum, self.stopping = False, None, False
         if threading.current_thread() is threading.main_thread():
             self.previous = {s: signal.signal(s, self._handle) for s in self.signums}

@@ -17,7 +17,6 @@ from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.train import Trainer
 
-
 # ---- helpers the test files share -------------------------------------------------------------------
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences a terminal program writes
@@ -66,8 +65,14 @@ def chat_pty(tmp_path):
 
     def spawn(run: Path, *args: str) -> pexpect.spawn:
         env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-        child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(run), *args], env=env,
-                              dimensions=(40, 100), encoding="utf-8", timeout=60)
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "charlm", "chat", str(run), *args],
+            env=env,
+            dimensions=(40, 100),
+            encoding="utf-8",
+            timeout=60,
+        )
         children.append(child)
         return child
 
@@ -90,8 +95,9 @@ def train_runs(root: Path, text: str, specs: dict[str, tuple[ModelConfig, TrainC
 
 
 def tiny_train(steps: int, **kw) -> TrainConfig:
-    settings = dict(steps=steps, batch_size=8, lr=1e-2, warmup=5, eval_interval=steps, eval_iters=1,
-                    sample_tokens=0, device="cpu")
+    settings = dict(
+        steps=steps, batch_size=8, lr=1e-2, warmup=5, eval_interval=steps, eval_iters=1, sample_tokens=0, device="cpu"
+    )
     return TrainConfig(**{**settings, **kw})
 
 
@@ -115,19 +121,25 @@ def cmp_corpus(tmp_path_factory):
 def cmp_runs(cmp_corpus, tmp_path_factory):
     """Run directories of three tiny models, 30 steps each. Keys: "lstm", "tf", "bpe"."""
     size = dict(n_layers=1, d_model=32, n_heads=2, context=32)
-    runs = train_runs(tmp_path_factory.mktemp("cmp-runs"), CMP_TEXT, {
-        "cmp-lstm": (ModelConfig(kind="lstm", **size), tiny_train(30, eval_iters=2)),
-        "cmp-tf": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2)),
-        "cmp-bpe": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2, tokenizer="bpe", vocab_size=300)),
-    })
+    runs = train_runs(
+        tmp_path_factory.mktemp("cmp-runs"),
+        CMP_TEXT,
+        {
+            "cmp-lstm": (ModelConfig(kind="lstm", **size), tiny_train(30, eval_iters=2)),
+            "cmp-tf": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2)),
+            "cmp-bpe": (
+                ModelConfig(kind="transformer", **size),
+                tiny_train(30, eval_iters=2, tokenizer="bpe", vocab_size=300),
+            ),
+        },
+    )
     return {name.removeprefix("cmp-"): path for name, path in runs.items()}
 
 
 # ---- viewers: char Transformer, BPE Transformer, LSTM, GRU (2 layers each) ---------------------
 
 VIEW_TEXT = (
-    "ROMEO:\nBut soft, what light through yonder window breaks?\n"
-    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n"
+    "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n"
 ) * 40
 
 
@@ -135,12 +147,16 @@ VIEW_TEXT = (
 def view_runs(tmp_path_factory):
     """Run directories of four tiny models, 20 steps each. Keys: "tf", "bpe", "lstm", "gru"."""
     size = dict(n_layers=2, d_model=32, n_heads=2, context=48)
-    runs = train_runs(tmp_path_factory.mktemp("view-runs"), VIEW_TEXT, {
-        "view-tf": (ModelConfig(kind="transformer", **size), tiny_train(20)),
-        "view-bpe": (ModelConfig(kind="transformer", **size), tiny_train(20, tokenizer="bpe", vocab_size=300)),
-        "view-lstm": (ModelConfig(kind="lstm", **size), tiny_train(20)),
-        "view-gru": (ModelConfig(kind="gru", **size), tiny_train(20)),
-    })
+    runs = train_runs(
+        tmp_path_factory.mktemp("view-runs"),
+        VIEW_TEXT,
+        {
+            "view-tf": (ModelConfig(kind="transformer", **size), tiny_train(20)),
+            "view-bpe": (ModelConfig(kind="transformer", **size), tiny_train(20, tokenizer="bpe", vocab_size=300)),
+            "view-lstm": (ModelConfig(kind="lstm", **size), tiny_train(20)),
+            "view-gru": (ModelConfig(kind="gru", **size), tiny_train(20)),
+        },
+    )
     return {name.removeprefix("view-"): path for name, path in runs.items()}
 
 
@@ -157,11 +173,15 @@ GEN_TEXT = (
 
 @pytest.fixture(scope="session")
 def gen_runs(tmp_path_factory):
-    """"tf": a char Transformer (1 layer × 48, context 48) trained for 80 steps, which has memorised
+    """ "tf": a char Transformer (1 layer × 48, context 48) trained for 80 steps, which has memorised
     GEN_TEXT; "lstm": a char LSTM trained for 3 steps."""
     size = dict(n_layers=1, d_model=48, n_heads=2, context=48)
-    runs = train_runs(tmp_path_factory.mktemp("gen-runs"), GEN_TEXT, {
-        "gen-tf": (ModelConfig(kind="transformer", **size), tiny_train(80, batch_size=16, warmup=10)),
-        "gen-lstm": (ModelConfig(kind="lstm", **size), tiny_train(3, batch_size=16, warmup=10)),
-    })
+    runs = train_runs(
+        tmp_path_factory.mktemp("gen-runs"),
+        GEN_TEXT,
+        {
+            "gen-tf": (ModelConfig(kind="transformer", **size), tiny_train(80, batch_size=16, warmup=10)),
+            "gen-lstm": (ModelConfig(kind="lstm", **size), tiny_train(3, batch_size=16, warmup=10)),
+        },
+    )
     return {name.removeprefix("gen-"): path for name, path in runs.items()}

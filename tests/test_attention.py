@@ -11,6 +11,7 @@ import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import cli, strip_ansi
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -18,18 +19,14 @@ from charlm import checkpoint
 from charlm.cli import main
 from charlm.config import ConfigError, ModelConfig
 from charlm.models import build_model
-from charlm.tokenizer import BPETokenizer, CharTokenizer
 from charlm.models.probes import head_stats
+from charlm.tokenizer import BPETokenizer, CharTokenizer
 from charlm.views.attention import AttnOptions, map_lines, parse_args, show_attention
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index, token_label
-
-from conftest import cli, strip_ansi
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
 ROW = re.compile(r"^\s*(\d+) ")
 NOTE = 5  # " 0.93" at the right of each map row
-
-
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +38,9 @@ def tok():
 def peaky(tok):
     """A 2-layer, 3-head model with large random q/k weights, so each row has a clear favourite."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=2, d_model=24,
-                                    n_heads=3, context=64))
+    model = build_model(
+        ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=2, d_model=24, n_heads=3, context=64)
+    )
     with torch.no_grad():
         for block in model.blocks:
             block.attn.qkv.weight.normal_(0, 0.6)
@@ -72,9 +70,9 @@ def grid(lines, n, cell):
         plain = getattr(line, "plain", line)
         m = ROW.match(plain)
         if m:
-            cells = plain[len(plain) - NOTE - n * cell: len(plain) - NOTE]
+            cells = plain[len(plain) - NOTE - n * cell : len(plain) - NOTE]
             chars = cells[::cell]
-            assert all(cells[k * cell:(k + 1) * cell] == chars[k] * cell for k in range(n)), plain
+            assert all(cells[k * cell : (k + 1) * cell] == chars[k] * cell for k in range(n)), plain
             rows[int(m.group(1))] = (chars, float(plain[-4:]))
     return rows
 
@@ -144,7 +142,7 @@ def test_map_cells_are_the_right_shades(peaky, tok, ascii, width, tokens, end):
             w = w_row[key - offset] / vmax
             lo, hi = (level - 1) / (len(ramp) - 1), level / (len(ramp) - 1)
             assert level >= 1 and lo - 1e-6 <= w and (w < hi + 1e-6 or level == len(ramp) - 1)
-        shown = w_row[start - offset: p - offset + 1]
+        shown = w_row[start - offset : p - offset + 1]
         assert levels[int(shown.argmax())] == max(levels)  # the brightest cell is the row's argmax
 
 
@@ -254,18 +252,21 @@ def test_parse_args():
     assert not parse_args(["0", "1", "focus", "3"]).show_map  # the head chosen is the focus view's
 
 
-@pytest.mark.parametrize("args,message", [
-    (["7"], "layer 7 is out of range: this model has layers 0..1"),
-    (["0", "3"], "head 3 is out of range: each layer has heads 0..2"),
-    (["0", "1", "mean"], "choose one head or the mean over heads, not both"),
-    (["sideways"], "unknown /attn argument 'sideways'"),
-    (["tokens"], "'tokens' needs a number after it"),
-    (["tokens", "x"], "tokens must be a whole number"),
-    (["tokens", "0"], "tokens must be at least 1"),
-    (["end", "999"], "end 999 is outside"),
-    (["focus", "Z"], "no 'Z' in the text the model sees"),
-    (["1", "2", "3"], "at most a layer and a head"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["7"], "layer 7 is out of range: this model has layers 0..1"),
+        (["0", "3"], "head 3 is out of range: each layer has heads 0..2"),
+        (["0", "1", "mean"], "choose one head or the mean over heads, not both"),
+        (["sideways"], "unknown /attn argument 'sideways'"),
+        (["tokens"], "'tokens' needs a number after it"),
+        (["tokens", "x"], "tokens must be a whole number"),
+        (["tokens", "0"], "tokens must be at least 1"),
+        (["end", "999"], "end 999 is outside"),
+        (["focus", "Z"], "no 'Z' in the text the model sees"),
+        (["1", "2", "3"], "at most a layer and a head"),
+    ],
+)
 def test_bad_arguments_are_one_line_config_errors(peaky, tok, args, message):
     with pytest.raises(ConfigError) as e:
         render(peaky, tok, tok.encode(TEXT[:30]), args)
@@ -294,28 +295,52 @@ def test_cli_attn_char_and_bpe(view_runs):
     assert "layer 1, mean of 2 heads" in r.stdout and "R" in r.stdout
     rows = [line for line in r.stdout.splitlines() if ROW.match(line)]
     assert len(rows) == len("ROMEO:\nBut soft")
-    r = cli("attn", view_runs["tf"], "-p", "O Romeo, Romeo!", "--overview", "--stats", "--focus", "-1", "--ascii",
-            "--width", "70")
+    r = cli(
+        "attn",
+        view_runs["tf"],
+        "-p",
+        "O Romeo, Romeo!",
+        "--overview",
+        "--stats",
+        "--focus",
+        "-1",
+        "--ascii",
+        "--width",
+        "70",
+    )
     assert r.exit_code == 0, r.output
     assert "L0H0" in r.stdout and "L1H1" in r.stdout and "most global" in r.stdout and "look at?" in r.stdout
     assert all(ord(ch) < 128 for ch in r.stdout)  # --ascii: nothing a plain terminal can't show
     assert all(cell_len(line) <= 70 for line in r.stdout.splitlines())
-    r = cli("attn", view_runs["bpe"], "--prompt", "JULIET:\nO Romeo, wherefore", "--layer", "0", "--head", "1",
-            "--tokens", "6")
+    r = cli(
+        "attn",
+        view_runs["bpe"],
+        "--prompt",
+        "JULIET:\nO Romeo, wherefore",
+        "--layer",
+        "0",
+        "--head",
+        "1",
+        "--tokens",
+        "6",
+    )
     assert r.exit_code == 0, r.output
     assert "layer 0, head 1" in r.stdout and "Ġ" not in r.stdout
     assert len([line for line in r.stdout.splitlines() if ROW.match(line)]) == 6
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--layer", "2"], "layer 2 is out of range"),
-    (["--head", "5"], "head 5 is out of range"),
-    (["--overview", "--layer", "0"], "--overview shows every head"),
-    (["--head", "0", "--mean"], "choose one head or the mean"),
-    (["--width", "10"], "--width must be at least 20"),
-    (["--focus", "99"], "outside the text"),
-    (["--tokens", "0"], "tokens must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--layer", "2"], "layer 2 is out of range"),
+        (["--head", "5"], "head 5 is out of range"),
+        (["--overview", "--layer", "0"], "--overview shows every head"),
+        (["--head", "0", "--mean"], "choose one head or the mean"),
+        (["--width", "10"], "--width must be at least 20"),
+        (["--focus", "99"], "outside the text"),
+        (["--tokens", "0"], "tokens must be at least 1"),
+    ],
+)
 def test_cli_attn_errors_are_one_line(view_runs, args, message):
     r = cli("attn", view_runs["tf"], "--prompt", "ROMEO: But soft, what light", *args)
     assert r.exit_code != 0
@@ -404,14 +429,15 @@ def test_focus_by_a_piece_of_text_or_a_position_and_a_miss_lists_the_nearest_tok
     with pytest.raises(ConfigError, match="'light' is only in the text before the last 64 tokens"):
         render(peaky, tok, tok.encode(TEXT), ["focus", "light"])  # 89 tokens: the model sees 25..88
     bpe = BPETokenizer.train([TEXT * 20], vocab_size=300)
-    model = build_model(ModelConfig(kind="transformer", vocab_size=bpe.vocab_size, n_layers=1, d_model=16, n_heads=2,
-                                    context=64)).eval()
+    model = build_model(
+        ModelConfig(kind="transformer", vocab_size=bpe.vocab_size, n_layers=1, d_model=16, n_heads=2, context=64)
+    ).eval()
     ids = bpe.encode(TEXT)
     text, _ = render(model, bpe, ids, ["focus", "what"], width=100)  # no token is 'what': BPE has '␣what'
     q = int(re.search(r"what did token (\d+) ", text).group(1))
-    before, upto = bpe.decode(ids[:q]), bpe.decode(ids[:q + 1])
+    before, upto = bpe.decode(ids[:q]), bpe.decode(ids[: q + 1])
     assert len(before) < upto.rindex("what") + 4 <= len(upto)  # the last 'what' ends in token q
-    assert "what" not in bpe.decode(ids[q + 1:])
+    assert "what" not in bpe.decode(ids[q + 1 :])
     with pytest.raises(ConfigError) as e:
         render(model, bpe, ids, ["focus", "whta"])
     assert "no 'whta' in the text the model sees; nearest tokens: " in str(e.value)
@@ -428,7 +454,7 @@ def test_bpe_column_labels_read_down_their_column_whole(view_runs):
     lines = r.stdout.splitlines()
     first_row = next(k for k, line in enumerate(lines) if ROW.match(line))
     title = next(k for k, line in enumerate(lines) if line.startswith("layer "))
-    header = lines[title + 1:first_row]
+    header = lines[title + 1 : first_row]
     assert len(header) == min(6, max(len(x) for x in labels))
     cell = 2
     label_start = len(lines[first_row]) - 5 - cell * len(ids)  # the map's first column

@@ -21,13 +21,16 @@ from charlm.train import Trainer
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
 
 
-
 def trainer(tmp_path: Path, kind: str = "transformer", out: str = "run", **train) -> Trainer:
     corpus = tmp_path / "romeo.txt"
     corpus.write_text(TEXT, encoding="utf-8")
     model_cfg = ModelConfig(kind=kind, n_layers=1, d_model=32, n_heads=2, context=16)
-    train_cfg = TrainConfig(**{**dict(steps=50, batch_size=4, warmup=2, eval_interval=50, eval_iters=1,
-                                      sample_tokens=0, device="cpu"), **train})
+    train_cfg = TrainConfig(
+        **{
+            **dict(steps=50, batch_size=4, warmup=2, eval_interval=50, eval_iters=1, sample_tokens=0, device="cpu"),
+            **train,
+        }
+    )
     return Trainer(corpus, model_cfg, train_cfg, tmp_path / out)
 
 
@@ -85,7 +88,7 @@ def test_save_is_atomic(saved):
     """A save that fails half-way leaves the previous file byte for byte, and no temp file behind."""
     before = saved.read_bytes()
     listing = sorted(p.name for p in saved.parent.iterdir())
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever torch raises: the point is what is left on disk)
         # tensors first, then an object pickle refuses: the failure comes after bytes were written
         checkpoint.save({"model": {"w": torch.zeros(1000)}, "oops": lambda: None}, saved)
     assert saved.read_bytes() == before
@@ -210,8 +213,11 @@ BAD_FILES = [
     (_foreign_tensor, "is not a charlm checkpoint"),
     (_newer, "was written by a newer charlm"),
     (_incomplete, "incomplete charlm checkpoint (missing tokenizer)"),
-    (_incompatible, "its weights do not match its config (transformer, layers 1, d_model 64: tok_emb.weight is (23, 32), "
-                    "the config needs (23, 64))"),
+    (
+        _incompatible,
+        "its weights do not match its config (transformer, layers 1, d_model 64: tok_emb.weight is (23, 32), "
+        "the config needs (23, 64))",
+    ),
     (_bad_tokenizer, "incompatible charlm checkpoint"),
 ]
 
@@ -275,8 +281,13 @@ def _v1(saved: Path, tmp: Path) -> Path:
     process count inside a "distributed" dict."""
     data = raw(saved)
     v1 = {k: v for k, v in data.items() if k not in ("world_size", "weights_sha256", "metrics", "scaler")}
-    v1.update(version=1, best_val_loss=float("inf"), best_val_bpc=float("inf"), metrics={"step": data["step"]},
-              distributed={"world_size": 1, "weights_sha256": ["ab" * 32]})
+    v1.update(
+        version=1,
+        best_val_loss=float("inf"),
+        best_val_bpc=float("inf"),
+        metrics={"step": data["step"]},
+        distributed={"world_size": 1, "weights_sha256": ["ab" * 32]},
+    )
     p = tmp / "v1.pt"
     torch.save(v1, p)
     return p
@@ -304,13 +315,16 @@ def test_a_format_1_checkpoint_still_loads(saved, tmp_path):
     assert torch.load(tmp / "last.pt", weights_only=True)["version"] == checkpoint.VERSION
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("step", "three", "step should be int, not str"),
-    ("best_val_loss", "low", "best_val_loss should be int or float, not str"),
-    ("train_seconds", [1.0], "train_seconds should be int or float, not list"),
-    ("model_config", "transformer", "model_config should be dict, not str"),
-    ("corpus", {"name": "romeo.txt"}, "incompatible charlm checkpoint (TypeError"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("step", "three", "step should be int, not str"),
+        ("best_val_loss", "low", "best_val_loss should be int or float, not str"),
+        ("train_seconds", [1.0], "train_seconds should be int or float, not list"),
+        ("model_config", "transformer", "model_config should be dict, not str"),
+        ("corpus", {"name": "romeo.txt"}, "incompatible charlm checkpoint (TypeError"),
+    ],
+)
 def test_a_mistyped_field_is_one_line(saved, tmp_path, field, value, message):
     p = tmp_path / "mistyped.pt"
     torch.save({**raw(saved), field: value}, p)

@@ -41,8 +41,10 @@ def test_command_list_keeps_each_description_whole():
         command = main.commands[name]
         summary = " ".join((command.short_help or command.help.split("\n\n")[0].split(". ")[0]).split())
         assert f"{name} {summary}" in listing, name
-    assert "attn Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps " \
-           "(by default: the last layer, mean over heads)." in listing
+    assert (
+        "attn Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps "
+        "(by default: the last layer, mean over heads)." in listing
+    )
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -75,8 +77,12 @@ def test_train_help_groups_its_options_and_explains_the_presets():
     presets = " ".join(out.split("Presets")[1].split("Examples:")[0].split())
     for name in ("tiny", "small", "medium"):
         tf, rnn = PRESET_TABLE["transformer"][name], PRESET_TABLE["lstm"][name]
-        assert (f"{name} for" in presets and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, "
-                f"context {tf['context']}" in presets and f"lstm/gru {rnn['n_layers']} layers × {rnn['d_model']}" in presets)
+        assert (
+            f"{name} for" in presets
+            and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, context {tf['context']}"
+            in presets
+            and f"lstm/gru {rnn['n_layers']} layers × {rnn['d_model']}" in presets
+        )
     assert "the default on CPU" in presets and "the default on CUDA" in presets
 
 
@@ -104,9 +110,14 @@ def test_sample_stats_on_a_terminal_starts_on_its_own_line(gen_runs, tmp_path):
     so a terminal showed `…To fi{"tokens": …`."""
     env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     for _ in range(3):  # the buffer's flush depends on timing: try it more than once
-        child = pexpect.spawn(sys.executable, ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", "ROMEO:", "-n", "40",
-                                               "--seed", "1", "--stats"], env=env, dimensions=(40, 100),
-                              encoding="utf-8", timeout=60)
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", "ROMEO:", "-n", "40", "--seed", "1", "--stats"],
+            env=env,
+            dimensions=(40, 100),
+            encoding="utf-8",
+            timeout=60,
+        )
         out = child.read()
         child.close()
         assert child.exitstatus == 0, out

@@ -17,19 +17,35 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli, one_line_error
 
 from charlm import checkpoint
 from charlm.train import Trainer
-
-from conftest import cli, one_line_error
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
     "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 12
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "5", "--device", "cpu"]
-
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "5",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture
@@ -73,16 +89,31 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
 def test_info_on_a_run_directory_and_a_file(run):
     r = cli("info", run)
     assert r.exit_code == 0 and r.stderr == ""
-    for text in ("transformer (1 layers × 32, 2 heads, rope", f"char, {len(set(TEXT))} tokens", "10 steps in", "nats/token",
-                 "bits/char", "citizens.txt (sha256", "best.pt"):
+    for text in (
+        "transformer (1 layers × 32, 2 heads, rope",
+        f"char, {len(set(TEXT))} tokens",
+        "10 steps in",
+        "nats/token",
+        "bits/char",
+        "citizens.txt (sha256",
+        "best.pt",
+    ):
         assert text in r.stdout, text
     assert r.stdout.count("…") == 1  # only the abbreviated hash: long values (the path) wrap, never cut off
     for target in (run, run / "last.pt"):
         r = cli("info", target, "--json")
         assert r.exit_code == 0
         info = json.loads(r.stdout)
-        assert {"model", "tokenizer", "vocab_size", "params", "steps", "train_seconds", "best_val_loss",
-                "best_val_bpc"} <= info.keys()
+        assert {
+            "model",
+            "tokenizer",
+            "vocab_size",
+            "params",
+            "steps",
+            "train_seconds",
+            "best_val_loss",
+            "best_val_bpc",
+        } <= info.keys()
         assert info["model"] == "transformer" and info["tokenizer"] == "char"
         assert info["vocab_size"] == len(set(TEXT)) and info["steps"] == 10
         assert info["params"] == sum(p.numel() for p in checkpoint.load(target).model.parameters())
@@ -238,7 +269,10 @@ BAD_INPUT = {
     "unwritable: --out is a file": (_out_is_a_file, "afile is a file, not a directory"),
 }
 CLICK_ERRORS = {  # Click's own usage errors: exit code 2, still one line
-    "unknown preset": (plain("--preset", "huge"), "Invalid value for '--preset': 'huge' is not one of 'tiny', 'small', 'medium'"),
+    "unknown preset": (
+        plain("--preset", "huge"),
+        "Invalid value for '--preset': 'huge' is not one of 'tiny', 'small', 'medium'",
+    ),
     "unknown model": (plain("--model", "rnn"), "Invalid value for '--model'"),
     "not a number": (plain("--layers", "two"), "'two' is not a valid integer"),
     "unknown option": (plain("--turbo"), "No such option '--turbo'"),
@@ -260,8 +294,10 @@ def test_bad_input_is_one_line_and_writes_nothing(corpus, tmp_path, name, monkey
 def test_cuda_asked_but_absent(corpus, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    one_line_error(cli("train", corpus, "--device", "cuda", "--out", tmp_path / "out"),
-                   "--device cuda was asked for, but PyTorch sees no CUDA GPU")
+    one_line_error(
+        cli("train", corpus, "--device", "cuda", "--out", tmp_path / "out"),
+        "--device cuda was asked for, but PyTorch sees no CUDA GPU",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -283,9 +319,14 @@ def test_unwritable_output_directory(corpus, tmp_path):
             err = one_line_error(cli(*args), "is not writable")
         else:  # root writes anywhere: run the real command as root without that power
             try:
-                proc = subprocess.run([sys.executable, "-m", "charlm", *map(str, args)], capture_output=True, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_drop_root_file_powers,
-                                      timeout=120)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "charlm", *map(str, args)],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                    preexec_fn=_drop_root_file_powers,
+                    timeout=120,
+                )
             except subprocess.SubprocessError as e:
                 pytest.skip(f"cannot drop root's file permissions here ({e}); the non-root path covers this check")
             assert proc.returncode == 1, proc.stderr
@@ -299,14 +340,31 @@ def test_unwritable_output_directory(corpus, tmp_path):
 
 RESUME_ERRORS = {  # the arguments after CORPUS, and what the error says
     "no checkpoint": (lambda run, tmp: ["--resume", "--out", tmp / "empty-run"], "--resume: no checkpoint at"),
-    "no run to find": (lambda run, tmp: ["--resume"], "--resume found no run checkpoints/citizens-transformer-char*/last.pt"),
-    "other d-model": (lambda run, tmp: ["--resume", "--out", run, "--d-model", 64], "this run was trained with --d-model 32, not 64"),
-    "other model": (lambda run, tmp: ["--resume", "--out", run, "--model", "lstm"], "this run is a transformer, not a lstm"),
+    "no run to find": (
+        lambda run, tmp: ["--resume"],
+        "--resume found no run checkpoints/citizens-transformer-char*/last.pt",
+    ),
+    "other d-model": (
+        lambda run, tmp: ["--resume", "--out", run, "--d-model", 64],
+        "this run was trained with --d-model 32, not 64",
+    ),
+    "other model": (
+        lambda run, tmp: ["--resume", "--out", run, "--model", "lstm"],
+        "this run is a transformer, not a lstm",
+    ),
     "other lr": (lambda run, tmp: ["--resume", "--out", run, "--lr", 0.5], "this run was trained with --lr"),
-    "other preset": (lambda run, tmp: ["--resume", "--out", run, "--preset", "small"],
-                     "this run was trained with --layers 1, not 6 (from --preset)"),
-    "other optimizer": (lambda run, tmp: ["--resume", "--out", run, "--optimizer", "adamw"], "trained with --optimizer muon, not adamw"),
-    "other tokenizer": (lambda run, tmp: ["--resume", "--out", run, "--tokenizer", "bpe"], "this run was trained with --tokenizer char"),
+    "other preset": (
+        lambda run, tmp: ["--resume", "--out", run, "--preset", "small"],
+        "this run was trained with --layers 1, not 6 (from --preset)",
+    ),
+    "other optimizer": (
+        lambda run, tmp: ["--resume", "--out", run, "--optimizer", "adamw"],
+        "trained with --optimizer muon, not adamw",
+    ),
+    "other tokenizer": (
+        lambda run, tmp: ["--resume", "--out", run, "--tokenizer", "bpe"],
+        "this run was trained with --tokenizer char",
+    ),
     "already finished": (lambda run, tmp: ["--resume", "--out", run], "is already at step 10; give a larger --steps"),
     "steps not beyond": (lambda run, tmp: ["--resume", "--out", run, "--steps", 10], "is already at step 10"),
     "bad steps": (lambda run, tmp: ["--resume", "--out", run, "--steps", 0], "--steps must be at least 1"),
@@ -328,7 +386,10 @@ def test_resume_with_another_text(run, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text(TEXT.lower(), encoding="utf-8")
     before = (run / "last.pt").read_bytes()
-    one_line_error(cli("train", other, "--out", run, "--resume", "--steps", 20), "other.txt is not the text this run was trained on")
+    one_line_error(
+        cli("train", other, "--out", run, "--resume", "--steps", 20),
+        "other.txt is not the text this run was trained on",
+    )
     assert (run / "last.pt").read_bytes() == before
 
 
@@ -344,8 +405,11 @@ def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
     saved.model = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in saved.model.items()}
     checkpoint.save(saved, run / "last.pt")
     before = (run / "last.pt").read_bytes()
-    one_line_error(cli("train", corpus, "--out", run, "--resume", "--steps", 20),
-                   "the loss became nan at step 11: training stopped, and the last good checkpoint in", "try a lower --lr")
+    one_line_error(
+        cli("train", corpus, "--out", run, "--resume", "--steps", 20),
+        "the loss became nan at step 11: training stopped, and the last good checkpoint in",
+        "try a lower --lr",
+    )
     assert (run / "last.pt").read_bytes() == before
 
 
@@ -360,9 +424,26 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # log lines must flush by themselves
     env.update(OMP_NUM_THREADS="1", CHARLM_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "charlm", "train", str(corpus), *TINY, "--dropout", "0.1", "--steps", "1000000",
-         "--eval-interval", "10", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "charlm",
+            "train",
+            str(corpus),
+            *TINY,
+            "--dropout",
+            "0.1",
+            "--steps",
+            "1000000",
+            "--eval-interval",
+            "10",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()

@@ -10,17 +10,15 @@ import sys
 import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import cli, strip_ansi
 from rich.console import Console
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.generate import Streamer, SampleConfig
 from charlm.comparison import Comparison
+from charlm.generate import SampleConfig, Streamer
 from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
-
-from conftest import cli, strip_ansi
-
 
 
 def blocks(stdout: str) -> dict[str, str]:
@@ -41,22 +39,38 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 def test_plain_output_blocks_equal_each_model_generating_alone(cmp_runs):
     """Interleaving the models round-robin must not change what any of them writes: each block equals
     that checkpoint generating alone with the same seed and settings."""
-    r = cli("compare", cmp_runs["lstm"], cmp_runs["tf"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "15",
-            "--seed", "7", "--temperature", "0.9", "--top-k", "10")
+    r = cli(
+        "compare",
+        cmp_runs["lstm"],
+        cmp_runs["tf"],
+        cmp_runs["bpe"],
+        "--prompt",
+        "the cat",
+        "-n",
+        "15",
+        "--seed",
+        "7",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "10",
+    )
     assert r.exit_code == 0, r.output
     got = blocks(r.stdout)
     assert list(got) == ["cmp-lstm", "cmp-tf", "cmp-bpe"]
     for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf"), ("cmp-bpe", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
         alone = Streamer(ck.model, ck.tokenizer).complete(
-            ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=15, seed=7))
+            ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=15, seed=7)
+        )
         assert got[name] == safe_text("the cat" + alone)
     assert "== cmp-lstm (lstm · char" in r.stdout and "== cmp-bpe (transformer · bpe · 2" in r.stdout
 
 
 def test_table_shows_checkpoint_facts_eval_and_marks_the_best(cmp_runs, cmp_corpus):
-    r = cli("compare", cmp_runs["lstm"], cmp_runs["tf"], "--prompt", "the", "-n", "5", "--seed", "1",
-            "--eval", cmp_corpus)
+    r = cli(
+        "compare", cmp_runs["lstm"], cmp_runs["tf"], "--prompt", "the", "-n", "5", "--seed", "1", "--eval", cmp_corpus
+    )
     assert r.exit_code == 0, r.output
     rows = table_rows(r.stdout)
     assert set(rows) == {"cmp-lstm", "cmp-tf"}
@@ -88,8 +102,12 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
 
     def starred() -> list[str]:
         cols, cells = view.columns()
-        return [f"{col} {k}" for k, row in enumerate(cells) for col, cell in zip(cols, row)
-                if cell.plain.endswith("*") and col in ("tok/s", "chars/s", "TTFT")]
+        return [
+            f"{col} {k}"
+            for k, row in enumerate(cells)
+            for col, cell in zip(cols, row)
+            if cell.plain.endswith("*") and col in ("tok/s", "chars/s", "TTFT")
+        ]
 
     # timings with a known wobble (a real run's depends on the machine): the run's quarters at 1.0 to 1.2 ms a step
     a.steps = [(0.001 * (1 + 0.2 * (4 * i // len(a.steps)) / 3), n) for i, (_, n) in enumerate(a.steps)]
@@ -115,16 +133,31 @@ def test_chars_per_second_beside_tokens_per_second(cmp_runs):
 
 
 def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
-    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "--prompt", "the cat", "-n", "40", "--seed", "3",
-            "--repetition-penalty", "1.3", "--stop", "the", "--json")
+    r = cli(
+        "compare",
+        cmp_runs["lstm"],
+        cmp_runs["bpe"],
+        "--prompt",
+        "the cat",
+        "-n",
+        "40",
+        "--seed",
+        "3",
+        "--repetition-penalty",
+        "1.3",
+        "--stop",
+        "the",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["prompt"] == "the cat" and out["seed"] == 3
     assert out["settings"]["repetition_penalty"] == 1.3 and out["settings"]["stop"] == ["the"]
     for m, key in zip(out["models"], ("lstm", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
-        alone = Streamer(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("the cat"), SampleConfig(
-            max_tokens=40, seed=3, repetition_penalty=1.3, stop=["the"]))
+        alone = Streamer(ck.model, ck.tokenizer).complete(
+            ck.tokenizer.encode("the cat"), SampleConfig(max_tokens=40, seed=3, repetition_penalty=1.3, stop=["the"])
+        )
         assert m["text"] == alone and "the" not in m["text"]
         assert m["run"] == f"cmp-{key}" and m["steps"] == 30 and m["best_val_bpc"] > 0
     r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "--json")
@@ -148,7 +181,9 @@ def test_at_60_columns_every_column_and_whole_names_are_shown(cmp_runs, tmp_path
             assert screen.count(col + " ") >= 2, (col, screen)  # every column, for every model
         assert all(len(line) <= width for line in lines)
         notes = " ".join(line.strip() for line in lines if line.strip() and not line.startswith(" "))
-        assert "timings only beyond their noise: a rate when its slowest quarter of the run beats every other's" in notes
+        assert (
+            "timings only beyond their noise: a rate when its slowest quarter of the run beats every other's" in notes
+        )
 
 
 def test_a_prompt_one_char_model_cannot_encode_is_noted_for_that_model_only(cmp_runs, tmp_path):
@@ -220,8 +255,11 @@ def test_user_errors_are_one_line_and_name_the_checkpoint(cmp_runs, tmp_path):
 
 
 def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
-    r = CliRunner().invoke(main, ["compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "--interactive",
-                                  "-n", "5", "--seed", "2"], input="the cat\n/bogus\n\nthe dog\n")
+    r = CliRunner().invoke(
+        main,
+        ["compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "--interactive", "-n", "5", "--seed", "2"],
+        input="the cat\n/bogus\n\nthe dog\n",
+    )
     assert r.exit_code == 0, r.output
     assert r.stdout.count("== cmp-lstm") == 2 and r.stdout.count("== cmp-tf") == 2
     assert "the cat" in r.stdout and "the dog" in r.stdout
@@ -230,9 +268,14 @@ def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
 
 def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
     env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["bpe"]),
-                                           "-i", "-n", "8", "--seed", "5"],
-                          env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["bpe"]), "-i", "-n", "8", "--seed", "5"],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=60,
+    )
     try:
         child.expect(">>> ")
         child.sendline("the cat")
@@ -246,8 +289,14 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
         child.close()
     assert child.exitstatus == 0
     # Ctrl-C stops a long generation and returns to the prompt; Ctrl-C at an empty prompt says how to leave
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
-                                           "-n", "1000000"], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i", "-n", "1000000"],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=60,
+    )
     try:
         child.expect(">>> ")
         child.sendline("the")
@@ -264,8 +313,14 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
         child.close()
     assert child.exitstatus == 0
     # and Ctrl-D leaves too
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i"],
-                          env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i"],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=60,
+    )
     try:
         child.expect(">>> ")
         child.sendeof()
@@ -277,8 +332,14 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
 
 def compare_pty(cmp_runs, tmp_path, *args) -> pexpect.spawn:
     env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i",
-                                           *args], env=env, dimensions=(40, 120), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i", *args],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=60,
+    )
     child.expect_exact(">>> ")
     return child
 

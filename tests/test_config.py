@@ -13,8 +13,14 @@ from charlm.cli import main
 from charlm.config import PRESET_TABLE, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name
 
 # fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
-INTERNAL = {(ModelConfig, "vocab_size"), (ModelConfig, "mlp_ratio"), (TrainConfig, "min_lr_ratio"),
-            (TrainConfig, "beta2"), (TrainConfig, "grad_clip"), (TrainConfig, "val_fraction")}
+INTERNAL = {
+    (ModelConfig, "vocab_size"),
+    (ModelConfig, "mlp_ratio"),
+    (TrainConfig, "min_lr_ratio"),
+    (TrainConfig, "beta2"),
+    (TrainConfig, "grad_clip"),
+    (TrainConfig, "val_fraction"),
+}
 # fields whose CLI default the command works out: --steps and --max-time from each other
 DERIVED = {"steps": None, "max_time": None}
 # per-command defaults of the sampling flags
@@ -28,7 +34,9 @@ def options(command: str) -> dict[str, click.Option]:
 def field_options(command: str, cls) -> dict[str, list[click.Option]]:
     """Each field of cls: the options of `command` that are its flag."""
     opts = options(command).values()
-    return {f.name: [o for o in opts if flag_name(f) and f"--{flag_name(f)}" in o.opts] for f in dataclasses.fields(cls)}
+    return {
+        f.name: [o for o in opts if flag_name(f) and f"--{flag_name(f)}" in o.opts] for f in dataclasses.fields(cls)
+    }
 
 
 @pytest.mark.parametrize("cls", [ModelConfig, TrainConfig])
@@ -51,7 +59,9 @@ def test_every_train_field_has_one_flag_with_its_default(cls):
 
 
 def test_preset_driven_fields_are_those_of_the_presets():
-    marked = {f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("from_preset")}
+    marked = {
+        f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("from_preset")
+    }
     assert marked == {k for table in PRESET_TABLE.values() for sizes in table.values() for k in sizes}
 
 
@@ -84,8 +94,16 @@ def test_device_and_unknown_are_the_same_everywhere():
 
 def test_resumable_fields():
     resumable = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("resumable")}
-    assert resumable == {"steps", "max_time", "device", "precision", "compile", "eval_interval", "eval_iters",
-                         "sample_tokens"}
+    assert resumable == {
+        "steps",
+        "max_time",
+        "device",
+        "precision",
+        "compile",
+        "eval_interval",
+        "eval_iters",
+        "sample_tokens",
+    }
     assert not any(f.metadata.get("resumable") for f in dataclasses.fields(ModelConfig))
 
 
@@ -106,9 +124,33 @@ def test_train_validates_each_config_once(tmp_path, monkeypatch):
     for cls in (ModelConfig, TrainConfig):
         original = cls.validate
         monkeypatch.setattr(cls, "validate", lambda self, o=original, c=cls: calls.append(c.__name__) or o(self))
-    r = CliRunner().invoke(main, ["train", str(corpus), "--layers", "1", "--d-model", "16", "--heads", "2",
-                                  "--context", "8", "--steps", "2", "--eval-interval", "2", "--eval-iters", "1",
-                                  "--sample-tokens", "0", "--device", "cpu", "--out", str(tmp_path / "run")])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            str(corpus),
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--context",
+            "8",
+            "--steps",
+            "2",
+            "--eval-interval",
+            "2",
+            "--eval-iters",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     # the CLI's one check of each, before any work; the second ModelConfig is build_model's own guard (models/,
     # an entry point of its own). It was three of each before.

@@ -22,8 +22,24 @@ from charlm.train import Stepped, Trainer
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 40
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "2"]
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "2",
+]
 
 
 @pytest.fixture
@@ -35,8 +51,14 @@ def corpus(tmp_path) -> Path:
 
 def make(corpus, out, device="cuda", resume=False, on_event=None, **train) -> Trainer:
     model_cfg = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=16)
-    cfg = TrainConfig(**{**dict(steps=4, batch_size=4, lr=1e-2, warmup=2, eval_interval=2, eval_iters=2,
-                                sample_tokens=0, device=device), **train})
+    cfg = TrainConfig(
+        **{
+            **dict(
+                steps=4, batch_size=4, lr=1e-2, warmup=2, eval_interval=2, eval_iters=2, sample_tokens=0, device=device
+            ),
+            **train,
+        }
+    )
     return Trainer(corpus, model_cfg, cfg, out, resume=resume, on_event=on_event)
 
 
@@ -92,8 +114,23 @@ def test_cpu_checkpoint_loads_on_cuda(corpus, tmp_path):
 
 def test_compile_on_cuda_saves_the_plain_module(corpus, tmp_path):
     out = tmp_path / "run"
-    r = CliRunner().invoke(main, ["train", str(corpus), *TINY, "--steps", "3", "--eval-interval", "3",
-                                  "--device", "cuda", "--compile", "--out", str(out)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            str(corpus),
+            *TINY,
+            "--steps",
+            "3",
+            "--eval-interval",
+            "3",
+            "--device",
+            "cuda",
+            "--compile",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     ckpt = checkpoint.load(out / "last.pt")
     assert list(ckpt.saved.model) == list(build_model(ckpt.model_config).state_dict())  # no "_orig_mod."
@@ -103,8 +140,27 @@ def test_compile_on_cuda_saves_the_plain_module(corpus, tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_nccl_on_two_gpus(corpus, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "charlm",
-           "train", str(corpus), *TINY, "--steps", "6", "--eval-interval", "3", "--device", "cuda", "--out", str(tmp_path / "run")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "charlm",
+        "train",
+        str(corpus),
+        *TINY,
+        "--steps",
+        "6",
+        "--eval-interval",
+        "3",
+        "--device",
+        "cuda",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = checkpoint.load(tmp_path / "run")

@@ -82,11 +82,14 @@ def test_bom_dropped(tmp_path):
         (lambda d: d, "is a directory"),
         (lambda d: write(d, "empty.txt", b""), "empty.txt is empty"),
         (lambda d: write(d, "bom-only.txt", b"\xef\xbb\xbf"), "is empty"),
-        (lambda d: write(d, "img.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))), "img.png looks like a binary file, not text"),
+        (
+            lambda d: write(d, "img.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))),
+            "img.png looks like a binary file, not text",
+        ),
         (lambda d: write(d, "late-nul.txt", b"a" * 10000 + b"\x00"), "binary file.*offset 10000"),
         (lambda d: write(d, "utf16.txt", "hi".encode("utf-16")), "UTF-16.*iconv"),
         (
-            lambda d: write(d, "latin1.txt", "café\n".encode("utf-8") * 300 + "naïve ÿ".encode("latin-1")),
+            lambda d: write(d, "latin1.txt", "café\n".encode() * 300 + "naïve ÿ".encode("latin-1")),
             r"latin1.txt is not UTF-8 text \(invalid byte 0xef at offset 1802\); convert it, e.g. iconv -f latin1 -t utf-8",
         ),
     ],
@@ -361,9 +364,7 @@ def test_chars_per_token(tmp_path):
     b = Batches(tokens, context=8, val_fraction=0.5)
     cpt = b.chars_per_token(tok)
     assert cpt == pytest.approx(len(tok.decode(b.val)) / len(b.val)) and cpt > 1.2
-    assert b.chars_per_token(tok, split="train", max_tokens=100) == pytest.approx(
-        len(tok.decode(b.train[:100])) / 100
-    )
+    assert b.chars_per_token(tok, split="train", max_tokens=100) == pytest.approx(len(tok.decode(b.train[:100])) / 100)
     char = CharTokenizer.train([TEXT])
     assert Batches(np.zeros(100, dtype=np.uint16), context=8).chars_per_token(char) == 1.0
 

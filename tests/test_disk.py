@@ -21,8 +21,26 @@ TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
     "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 12
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "5", "--device", "cpu"]
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "5",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture
@@ -33,7 +51,9 @@ def small_disk(tmp_path):
     def mount(size: int) -> Path:
         where = tmp_path / f"disk{len(mounted)}"
         where.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+        )
         if r.returncode != 0:
             pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}): needs root")
         mounted.append(where)
@@ -85,9 +105,11 @@ def test_a_full_disk_while_saving_checkpoints(corpus, tmp_path, small_disk):
     size = (probe / "last.pt").stat().st_size
     disk = small_disk(int(2.5 * size) // 4096 * 4096)
     out = disk / "run"
-    err = one_line_error(charlm("train", corpus, *TINY, "--steps", 20, "--eval-interval", 5, "--out", out),
-                         f"no space left on device writing {out}; the checkpoints already in it are intact",
-                         f"resume with: charlm train {corpus} --out {out} --resume")
+    err = one_line_error(
+        charlm("train", corpus, *TINY, "--steps", 20, "--eval-interval", 5, "--out", out),
+        f"no space left on device writing {out}; the checkpoints already in it are intact",
+        f"resume with: charlm train {corpus} --out {out} --resume",
+    )
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", "last.pt", "metrics.jsonl"], err
     last, best = checkpoint.load(out / "last.pt"), checkpoint.load(out / "best.pt")
     assert last.saved.step == best.saved.step == 5
@@ -106,9 +128,11 @@ def test_a_full_disk_while_encoding_the_corpus(corpus, tmp_path, small_disk, mon
     monkeypatch.setenv("CHARLM_CACHE", str(cache))
     big = tmp_path / "big.txt"
     big.write_text(TEXT * 40, encoding="utf-8")  # 200 KB of text: 400 KB of token ids
-    one_line_error(charlm("train", big, *TINY, "--steps", 1, "--out", tmp_path / "run"),
-                   f"no space left on device writing {cache / 'tokens'} (the token cache): free some space, "
-                   "or set CHARLM_CACHE to a disk with room")
+    one_line_error(
+        charlm("train", big, *TINY, "--steps", 1, "--out", tmp_path / "run"),
+        f"no space left on device writing {cache / 'tokens'} (the token cache): free some space, "
+        "or set CHARLM_CACHE to a disk with room",
+    )
     assert list((cache / "tokens").iterdir()) == []  # no temp file left
     assert not (tmp_path / "run").exists()
 

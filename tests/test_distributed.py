@@ -31,8 +31,24 @@ TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
     "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 12
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
-        "--eval-iters", "3", "--warmup", "2", "--device", "cpu"]
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "3",
+    "--warmup",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -76,9 +92,27 @@ def cli_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp-cli")
     corpus = write_corpus(root / "citizens.txt")
     start = time.perf_counter()
-    proc = launch(torchrun("-m", "charlm", "train", str(corpus), *TINY, "--steps", "8", "--grad-accum", "2",
-                           "--eval-interval", "4", "--sample-tokens", "20", "--out", str(root / "run")),
-                  cwd=root, cache=root / "cache")
+    proc = launch(
+        torchrun(
+            "-m",
+            "charlm",
+            "train",
+            str(corpus),
+            *TINY,
+            "--steps",
+            "8",
+            "--grad-accum",
+            "2",
+            "--eval-interval",
+            "4",
+            "--sample-tokens",
+            "20",
+            "--out",
+            str(root / "run"),
+        ),
+        cwd=root,
+        cache=root / "cache",
+    )
     return root, corpus, proc, time.perf_counter() - start
 
 
@@ -118,12 +152,16 @@ def test_resuming_a_two_process_run_needs_two_processes(cli_run):
     run = root / "run"
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(run), "--resume", "--steps", "12"])
     assert r.exit_code == 1
-    assert r.stderr.strip() == (f"error: --resume: {run} was trained with 2 process(es), not 1; "
-                                "resume it with --nproc 2 (or torchrun --nproc-per-node 2)")
+    assert r.stderr.strip() == (
+        f"error: --resume: {run} was trained with 2 process(es), not 1; "
+        "resume it with --nproc 2 (or torchrun --nproc-per-node 2)"
+    )
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(run), "--resume", "--steps", "12", "--nproc", "3"])
     assert r.exit_code == 1
-    assert r.stderr.strip() == (f"error: --resume: {run} was trained with 2 process(es), not 3; "
-                                "resume it with --nproc 2 (or torchrun --nproc-per-node 2)")
+    assert r.stderr.strip() == (
+        f"error: --resume: {run} was trained with 2 process(es), not 3; "
+        "resume it with --nproc 2 (or torchrun --nproc-per-node 2)"
+    )
 
 
 # ---- one failing rank ----------------------------------------------------------------------------
@@ -136,9 +174,29 @@ def test_one_failing_rank_stops_the_whole_run(tmp_path):
     corpus = write_corpus(tmp_path / "citizens.txt")
     (tmp_path / "run" / "best.pt").mkdir(parents=True)
     start = time.perf_counter()
-    proc = launch([sys.executable, "-m", "charlm", "train", str(corpus), *TINY, "--sample-tokens", "0",
-                   "--steps", "1000", "--eval-interval", "2", "--out", str(tmp_path / "run"), "--nproc", "2"],
-                  cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "charlm",
+            "train",
+            str(corpus),
+            *TINY,
+            "--sample-tokens",
+            "0",
+            "--steps",
+            "1000",
+            "--eval-interval",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--nproc",
+            "2",
+        ],
+        cwd=tmp_path,
+        cache=tmp_path / "cache",
+        timeout=120,
+    )
     seconds = time.perf_counter() - start
     assert proc.returncode != 0
     assert seconds < 60  # bounded: nobody waited for the process-group timeout (30 minutes)
@@ -154,10 +212,25 @@ def test_one_failing_rank_stops_the_whole_run(tmp_path):
 
 
 def tiny_configs(**train) -> tuple[ModelConfig, TrainConfig]:
-    model = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=16,
-                        dropout=train.pop("dropout", 0.0))
-    cfg = TrainConfig(**{**dict(steps=6, batch_size=4, grad_accum=2, lr=1e-2, warmup=2, eval_interval=2, eval_iters=2,
-                                sample_tokens=0, device="cpu"), **train})
+    model = ModelConfig(
+        kind="transformer", n_layers=1, d_model=32, n_heads=2, context=16, dropout=train.pop("dropout", 0.0)
+    )
+    cfg = TrainConfig(
+        **{
+            **dict(
+                steps=6,
+                batch_size=4,
+                grad_accum=2,
+                lr=1e-2,
+                warmup=2,
+                eval_interval=2,
+                eval_iters=2,
+                sample_tokens=0,
+                device="cpu",
+            ),
+            **train,
+        }
+    )
     return model, cfg
 
 
@@ -192,7 +265,7 @@ def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
         opt.zero_grad()
     ddp = checkpoint.load(tmp_path / "ref" / "last.pt").model.state_dict()
     for name, want in model.state_dict().items():
-        torch.testing.assert_close(ddp[name], want, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(ddp[name], want, atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
 
     # 2. 3 steps, a new Trainer resuming from the checkpoint, 3 more == 6 steps at once, bit for bit
     full = checkpoint.read(tmp_path / "full" / "last.pt")
@@ -216,8 +289,9 @@ def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
 def test_grad_accum_averages_the_micro_batches(tmp_path):
     """K micro-batches of B windows give the gradient of one batch of K*B windows."""
     corpus = write_corpus(tmp_path / "citizens.txt")
-    model_cfg, cfg = tiny_configs(steps=2, grad_accum=3, optimizer="adamw", eval_interval=2,
-                                   precision="fp32")  # the reference below runs in float32
+    model_cfg, cfg = tiny_configs(
+        steps=2, grad_accum=3, optimizer="adamw", eval_interval=2, precision="fp32"
+    )  # the reference below runs in float32
     run = Trainer(corpus, model_cfg, cfg, tmp_path / "run")
     torch.manual_seed(cfg.seed)
     model = build_model(run.model_cfg)  # the trainer's copy, with the tokenizer's vocabulary size
@@ -285,8 +359,26 @@ def test_cli_refuses_bad_grad_accum_and_nproc(tmp_path):
 def test_cli_grad_accum_is_part_of_the_run(tmp_path):
     corpus = write_corpus(tmp_path / "citizens.txt")
     out = str(tmp_path / "run")
-    r = CliRunner().invoke(main, ["train", str(corpus), *TINY, "--sample-tokens", "0", "--steps", "2",
-                                  "--eval-interval", "2", "--grad-accum", "2", "--nproc", "1", "--out", out])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            str(corpus),
+            *TINY,
+            "--sample-tokens",
+            "0",
+            "--steps",
+            "2",
+            "--eval-interval",
+            "2",
+            "--grad-accum",
+            "2",
+            "--nproc",
+            "1",
+            "--out",
+            out,
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "batch 8 × 2 accum × 1 processes = 16" in r.stdout
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", out, "--resume", "--steps", "4", "--grad-accum", "3"])

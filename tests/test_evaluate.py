@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import cli, one_line_error
 
 from charlm.config import ConfigError, ModelConfig
 from charlm.data import CorpusError
@@ -15,10 +16,7 @@ from charlm.evaluate import evaluate_file, evaluate_ids, token_nats
 from charlm.models import build_model
 from charlm.tokenizer import BPETokenizer, CharTokenizer
 
-from conftest import cli, one_line_error
-
 TEXT = "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. 中文 😀\n" * 3
-
 
 
 def tiny(kind: str, vocab_size: int, context: int, seed: int = 0):
@@ -101,7 +99,7 @@ def test_bpe_counts_the_chars_and_bytes_of_the_scored_tokens():
     assert tok.decode(ids) == text and len(ids) < len(text.encode())
     model = tiny("transformer", tok.vocab_size, context=256)
     r = evaluate_ids(model, tok, np.array(ids))
-    rest = text.encode()[len(tok.token_bytes(ids[0])):]  # the bytes of tokens 2..N
+    rest = text.encode()[len(tok.token_bytes(ids[0])) :]  # the bytes of tokens 2..N
     assert r.bytes == len(rest)
     # a character counts when its first byte is scored: decoding the rest drops the tail of a split one
     assert r.chars == len(rest.decode("utf-8", errors="ignore"))

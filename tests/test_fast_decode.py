@@ -16,8 +16,15 @@ VOCAB = 40
 def model_of(positions="rope", layers=3, context=24, seed=0):
     """Random weights large enough that logits are O(1..10), so a 1e-4 agreement means something."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(kind="transformer", vocab_size=VOCAB, n_layers=layers, d_model=32, n_heads=4, context=context,
-                      positions=positions)
+    cfg = ModelConfig(
+        kind="transformer",
+        vocab_size=VOCAB,
+        n_layers=layers,
+        d_model=32,
+        n_heads=4,
+        context=context,
+        positions=positions,
+    )
     model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -34,23 +41,29 @@ def torch_stages(model, ids: list[int]) -> list[tuple[str, torch.Tensor]]:
         def hook(block, inputs, output):
             seen[i, "MLP"] = output[0, -1]
             seen[i, "attention"] = inputs[0][0, -1] + seen.pop((i, "attn out"))  # the residual after attention
+
         return hook
 
     def attn_hook(i):
         def hook(attn, inputs, output):
             seen[i, "attn out"] = output[0, -1]
+
         return hook
 
-    handles = [h for i, b in enumerate(model.blocks)
-               for h in (b.register_forward_hook(block_hook(i)), b.attn.register_forward_hook(attn_hook(i)))]
+    handles = [
+        h
+        for i, b in enumerate(model.blocks)
+        for h in (b.register_forward_hook(block_hook(i)), b.attn.register_forward_hook(attn_hook(i)))
+    ]
     try:
         with torch.no_grad():
             logits, _ = model(torch.tensor([ids]))
     finally:
         for h in handles:
             h.remove()
-    return [(f"block {i} ({part})", seen[i, part]) for i in range(len(model.blocks)) for part in ("attention", "MLP")] \
-        + [("logits", logits[0, -1])]
+    return [
+        (f"block {i} ({part})", seen[i, part]) for i in range(len(model.blocks)) for part in ("attention", "MLP")
+    ] + [("logits", logits[0, -1])]
 
 
 def first_mismatch(model, ids: list[int], decoder: FastDecoder, tol: float = 1e-4) -> str | None:

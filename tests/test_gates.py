@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 from click.testing import CliRunner
+from conftest import cli, strip_ansi
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -22,12 +23,8 @@ from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
 from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, shade_index
 
-from conftest import cli, strip_ansi
-
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
-
-
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +109,11 @@ def test_parse():
     assert parse_args([]) == GateOptions()
     o = parse_args(["1", "units", "2,3", "tokens", "12", "ascii"])
     assert (o.layer, o.units, o.tokens, o.ascii) == (1, [2, 3], 12, True)
-    for args, message in ((["sideways"], "unknown /gates argument"), (["units"], "needs a value"),
-                          (["tokens", "x"], "whole number")):
+    for args, message in (
+        (["sideways"], "unknown /gates argument"),
+        (["units"], "needs a value"),
+        (["tokens", "x"], "whole number"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_args(args)
 
@@ -151,7 +151,7 @@ def test_gate_cells_are_the_right_shades(tok, ascii):
     for name in ("forget", "input", "output"):
         assert list(shown[name]) == [3, 7, 20]
         for unit, line in shown[name].items():
-            cells = line[len(line) - 5 - 2 * n: len(line) - 5][::2]  # 2 cells per token: the text fits
+            cells = line[len(line) - 5 - 2 * n : len(line) - 5][::2]  # 2 cells per token: the text fits
             want = [ramp[shade_index(float(v), 1.0, len(ramp))] for v in t.gates[name][0, :, unit]]
             assert list(cells) == want, (name, unit)
             assert float(line[-4:]) == pytest.approx(float(t.gates[name][0, :, unit].mean()), abs=0.006)
@@ -160,7 +160,7 @@ def test_gate_cells_are_the_right_shades(tok, ascii):
         signed = t.c[0, :, unit]
         c = signed.abs()
         assert float(line[-4:]) == pytest.approx(float(c.max()), abs=0.006)
-        cells = line[len(line) - 5 - 2 * n: len(line) - 5][::2]
+        cells = line[len(line) - 5 - 2 * n : len(line) - 5][::2]
         assert cells[int(c.argmax())] == (neg if signed[int(c.argmax())] < 0 else pos)[-1]
         # the sign is in the glyph itself, readable without colour (piped, NO_COLOR)
         for glyph, value in zip(cells, signed.tolist()):
@@ -190,10 +190,12 @@ def test_window_and_errors(tok):
     lstm = rnn_model("lstm", tok)
     text = render(lstm, tok, ["tokens", "6", "end", "20"])
     assert "tokens 14..19 of" in text
-    for args, message in ((["2"], "layer 2 is out of range: this model has layers 0..1"),
-                          (["units", "0"], "units must be between 1 and 24"),
-                          (["units", "3,99"], "unit 99 is out of range"),
-                          (["end", "500"], "outside")):
+    for args, message in (
+        (["2"], "layer 2 is out of range: this model has layers 0..1"),
+        (["units", "0"], "units must be between 1 and 24"),
+        (["units", "3,99"], "unit 99 is out of range"),
+        (["end", "500"], "outside"),
+    ):
         with pytest.raises(ConfigError, match=message):
             render(lstm, tok, args)
     tf = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=1, d_model=16, n_heads=2))
@@ -214,14 +216,17 @@ def test_cli_gates(view_runs):
     assert all(ord(ch) < 128 for ch in r.stdout)
 
 
-@pytest.mark.parametrize("run_name,args,message", [
-    ("tf", [], "is a transformer: it has no gates; try 'charlm attn'"),
-    ("lstm", ["--layer", "5"], "layer 5 is out of range"),
-    ("lstm", ["--units", "x"], "units must be a count"),
-    ("lstm", ["--units", "40,"], "unit 40 is out of range"),
-    ("lstm", ["--width", "5"], "--width must be at least 20"),
-    ("gru", ["--prompt", ""], "--prompt is empty"),
-])
+@pytest.mark.parametrize(
+    "run_name,args,message",
+    [
+        ("tf", [], "is a transformer: it has no gates; try 'charlm attn'"),
+        ("lstm", ["--layer", "5"], "layer 5 is out of range"),
+        ("lstm", ["--units", "x"], "units must be a count"),
+        ("lstm", ["--units", "40,"], "unit 40 is out of range"),
+        ("lstm", ["--width", "5"], "--width must be at least 20"),
+        ("gru", ["--prompt", ""], "--prompt is empty"),
+    ],
+)
 def test_cli_gates_errors_are_one_line(view_runs, run_name, args, message):
     r = cli("gates", view_runs[run_name], "--prompt", "ROMEO", *args)
     assert r.exit_code != 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from charlm.config import ConfigError, ModelConfig
-from charlm.generate import Streamer, SampleConfig, Utf8Stream, sample_next_token, sampling_probs
+from charlm.generate import SampleConfig, Streamer, Utf8Stream, sample_next_token, sampling_probs
 from charlm.models import build_model
 from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import BPETokenizer, CharTokenizer
@@ -19,12 +19,28 @@ from charlm.tokenizer import BPETokenizer, CharTokenizer
 CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))
 
 
-def model_of(kind="transformer", positions="rope", vocab=CHARS.vocab_size, context=16, layers=2, d_model=32, heads=4,
-             scale=0.3, seed=0):
+def model_of(
+    kind="transformer",
+    positions="rope",
+    vocab=CHARS.vocab_size,
+    context=16,
+    layers=2,
+    d_model=32,
+    heads=4,
+    scale=0.3,
+    seed=0,
+):
     """A random model with large weights, so logits are O(1..10) and a 1e-4 agreement means something."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=heads, context=context,
-                      positions=positions)
+    cfg = ModelConfig(
+        kind=kind,
+        vocab_size=vocab,
+        n_layers=layers,
+        d_model=d_model,
+        n_heads=heads,
+        context=context,
+        positions=positions,
+    )
     model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -70,8 +86,16 @@ def assert_probs(got: torch.Tensor, want: list[float]):
 
 
 def test_settings_are_validated():
-    for bad in (dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5), dict(repetition_penalty=0),
-                dict(max_tokens=-1), dict(stop=[""]), dict(seed=-1)):
+    for bad in (
+        dict(temperature=-1),
+        dict(top_k=-1),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(repetition_penalty=0),
+        dict(max_tokens=-1),
+        dict(stop=[""]),
+        dict(seed=-1),
+    ):
         with pytest.raises(ConfigError):
             SampleConfig(**bad).validate()
     SampleConfig(temperature=0, top_k=5, top_p=0.5, repetition_penalty=1.3, stop=["\n"], seed=3).validate()
@@ -82,12 +106,17 @@ def test_temperature_zero_is_argmax():
     for _ in range(50):
         logits = torch.randn(40, generator=g) * 3
         assert sample_next_token(logits, SampleConfig(temperature=0), g) == int(logits.argmax())
-        assert_probs(sampling_probs(logits, SampleConfig(temperature=0)), [float(i == int(logits.argmax())) for i in range(40)])
+        assert_probs(
+            sampling_probs(logits, SampleConfig(temperature=0)), [float(i == int(logits.argmax())) for i in range(40)]
+        )
 
 
 @pytest.mark.parametrize("temperature", [1e-5, 1e-39, 5e-324], ids=["1e-5", "below float32", "subnormal"])
-@pytest.mark.parametrize("extra", [dict(top_k=5), dict(top_p=0.9), dict(repetition_penalty=1.3), {}],
-                         ids=["top_k", "top_p", "penalty", "plain"])
+@pytest.mark.parametrize(
+    "extra",
+    [dict(top_k=5), dict(top_p=0.9), dict(repetition_penalty=1.3), {}],
+    ids=["top_k", "top_p", "penalty", "plain"],
+)
 def test_tiny_temperatures_are_greedy(temperature, extra):
     """Regression (issue 10): below ~1e-38 logits / temperature overflowed, so the sampler returned the last
     token every time (an IndexError with top-p), and a subnormal one printed numpy warnings and garbage."""
@@ -150,8 +179,9 @@ def test_repetition_penalty_follows_ctrl():
     assert all(got[i] < plain[i] for i in set(history))  # seen tokens always lose probability
     # greedy with a penalty: the argmax of the penalised logits
     ref = ref_probs(logits.tolist(), 1.0, penalty=1.5, history=history)
-    assert sample_next_token(logits, SampleConfig(temperature=0, repetition_penalty=1.5), g,
-                             torch.tensor(history)) == max(range(20), key=lambda i: ref[i])
+    assert sample_next_token(
+        logits, SampleConfig(temperature=0, repetition_penalty=1.5), g, torch.tensor(history)
+    ) == max(range(20), key=lambda i: ref[i])
 
 
 @pytest.mark.parametrize("settings", [SampleConfig(temperature=0.8), SampleConfig(temperature=1.0, top_k=6, top_p=0.9)])
@@ -168,7 +198,9 @@ def test_the_draw_is_the_inverse_cdf_of_one_uniform(settings):
             if p > 0 and u < acc:
                 want = i
                 break
-        assert sample_next_token(logits, settings, g) == (want if want is not None else max(i for i, p in enumerate(probs) if p))
+        assert sample_next_token(logits, settings, g) == (
+            want if want is not None else max(i for i, p in enumerate(probs) if p)
+        )
 
 
 def test_draw_frequencies_match_probabilities():
@@ -216,12 +248,18 @@ def test_rolling_cache_generation_is_sliding_window_attention():
     reference over the whole text so far."""
     model = model_of(context=16, layers=3)
     gen = Streamer(model, CHARS)
-    text = CHARS.encode("the cat") + CHARS.encode(gen.complete(CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))
+    text = CHARS.encode("the cat") + CHARS.encode(
+        gen.complete(CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60))
+    )
     with torch.no_grad():
         reference = sliding_window_logits(model, text[:-1]).argmax(-1)
     assert text[7:] == reference[6:].tolist()
-    assert text != CHARS.encode("the cat" + Streamer(model, CHARS, use_cache=False).complete(
-        CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)))  # the two semantics do differ here
+    assert text != CHARS.encode(
+        "the cat"
+        + Streamer(model, CHARS, use_cache=False).complete(
+            CHARS.encode("the cat"), SampleConfig(temperature=0, max_tokens=60)
+        )
+    )  # the two semantics do differ here
 
 
 def test_stats_are_filled():
@@ -242,7 +280,11 @@ def test_empty_prompt_starts_from_a_newline():
 def test_stop_strings_cut_exactly_even_across_tokens(tokenizer):
     """Generate freely, pick a stop string that spans two tokens, generate again with the same seed:
     the text must be the free text cut just before the stop string's first appearance."""
-    tok = CHARS if tokenizer == "char" else BPETokenizer.train(["the cat sat on the mat. " * 50, "hello world! " * 50], 300)
+    tok = (
+        CHARS
+        if tokenizer == "char"
+        else BPETokenizer.train(["the cat sat on the mat. " * 50, "hello world! " * 50], 300)
+    )
     model = model_of(vocab=tok.vocab_size, context=32)
     settings = SampleConfig(temperature=1.0, max_tokens=150, seed=21)
     tokens = tokens_by_hand(model, tok, "the ", settings)
@@ -258,13 +300,13 @@ def test_stop_strings_cut_exactly_even_across_tokens(tokenizer):
             continue
         if cut >= len(free) // 3:
             break
-    stop = free[cut - 2: cut + 2]
+    stop = free[cut - 2 : cut + 2]
     first = free.find(stop)
     with_stop = SampleConfig(**{**settings.to_dict(), "stop": [stop]})
     pieces = list(Streamer(model, tok).stream(tok.encode("the "), with_stop))
     assert "".join(pieces) == free[:first]
     # of two stop strings, the earlier one wins
-    other = free[first + 5: first + 8]
+    other = free[first + 5 : first + 8]
     both = SampleConfig(**{**settings.to_dict(), "stop": [other, stop]})
     assert Streamer(model, tok).complete(tok.encode("the "), both) == free[: min(first, free.find(other))]
 
@@ -316,14 +358,22 @@ def test_generator_streams_bpe_bytes_like_a_whole_decode():
 
 def decode_at_once(model, tok, prompt: str, settings: SampleConfig) -> str:
     """The same generation without streaming, then one decode of all the bytes."""
-    return b"".join(tok.token_bytes(t) for t in tokens_by_hand(model, tok, prompt, settings)).decode("utf-8", errors="replace")
+    return b"".join(tok.token_bytes(t) for t in tokens_by_hand(model, tok, prompt, settings)).decode(
+        "utf-8", errors="replace"
+    )
 
 
 # ---- the cache against full recomputation ------------------------------------------------------
 
-CONFIGS = [("transformer", "rope", True), ("transformer", "rope", False), ("transformer", "learned", True),
-           ("transformer", "sinusoidal", True), ("transformer", "learned", False), ("lstm", "rope", True),
-           ("gru", "rope", True)]
+CONFIGS = [
+    ("transformer", "rope", True),
+    ("transformer", "rope", False),
+    ("transformer", "learned", True),
+    ("transformer", "sinusoidal", True),
+    ("transformer", "learned", False),
+    ("lstm", "rope", True),
+    ("gru", "rope", True),
+]
 
 
 def sliding_window_logits(model, ids: list[int]) -> torch.Tensor:
@@ -364,7 +414,7 @@ def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast)
     gen.ids = torch.randint(0, CHARS.vocab_size, (5,), generator=g).tolist()
     text = list(gen.ids)
     slides, worst = 0, 0.0
-    for step in range(60):
+    for _ in range(60):
         before = len(gen.ids)
         logits = gen.next_logits()
         slides += len(gen.ids) < before
@@ -399,7 +449,7 @@ def test_prefill_in_chunks_equals_a_full_pass(kind, positions, fast):
             if size == 1 and step is not None:
                 out = step(int(ids[0, start])).view(1, 1, -1)
             else:
-                out, _ = model(ids[:, start: start + size], cache=cache)
+                out, _ = model(ids[:, start : start + size], cache=cache)
             outs.append(out)
             start += size
     assert start == 32 and cache.pos == 32
@@ -507,16 +557,20 @@ def test_top_k_of_the_whole_vocabulary_stays_on_the_fast_path(monkeypatch):
 
     g = torch.Generator().manual_seed(12)
     logits = [torch.randn(30, generator=g) * 2 for _ in range(100)]
-    everything = [sample_next_token(x, SampleConfig(temperature=0.8), torch.Generator().manual_seed(i))
-                  for i, x in enumerate(logits)]
+    everything = [
+        sample_next_token(x, SampleConfig(temperature=0.8), torch.Generator().manual_seed(i))
+        for i, x in enumerate(logits)
+    ]
 
     def refuse(*args, **kwargs):
         raise AssertionError("sampling_probs called")
 
     monkeypatch.setattr(generate, "sampling_probs", refuse)
     for k in (30, 200):
-        assert [sample_next_token(x, SampleConfig(temperature=0.8, top_k=k), torch.Generator().manual_seed(i))
-                for i, x in enumerate(logits)] == everything
+        assert [
+            sample_next_token(x, SampleConfig(temperature=0.8, top_k=k), torch.Generator().manual_seed(i))
+            for i, x in enumerate(logits)
+        ] == everything
 
 
 def test_a_bfloat16_model_rolls_on_the_torch_path():

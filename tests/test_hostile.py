@@ -23,8 +23,26 @@ from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "16", "--batch-size", "4",
-        "--eval-iters", "1", "--sample-tokens", "0", "--warmup", "2", "--device", "cpu"]
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "1",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +52,9 @@ def saved(tmp_path_factory) -> Path:
     corpus = tmp / "romeo.txt"
     corpus.write_text(TEXT, encoding="utf-8")
     model_cfg = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=16)
-    train_cfg = TrainConfig(steps=50, batch_size=4, warmup=2, eval_interval=3, eval_iters=1, sample_tokens=0, device="cpu")
+    train_cfg = TrainConfig(
+        steps=50, batch_size=4, warmup=2, eval_interval=3, eval_iters=1, sample_tokens=0, device="cpu"
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHARLM_CACHE", str(tmp / "cache"))
         Trainer(corpus, model_cfg, train_cfg, tmp / "run").fit(until=3)
@@ -62,10 +82,17 @@ def one_line(r, *fragments: str, code: int = 1) -> str:
 
 def run_limited(args: list[str], limit_mb: int = 2000, timeout: float = 120) -> subprocess.CompletedProcess:
     """`charlm ARGS` in a process that may not map more than limit_mb of memory."""
-    code = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit_mb} << 20, {limit_mb} << 20)); "
-            "sys.argv = ['charlm', *sys.argv[1:]]; from charlm.cli import main; main()")
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    code = (
+        f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit_mb} << 20, {limit_mb} << 20)); "
+        "sys.argv = ['charlm', *sys.argv[1:]]; from charlm.cli import main; main()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 # ---- crafted or mismatched checkpoints --------------------------------------------------------------
@@ -80,8 +107,10 @@ def test_a_huge_config_over_small_weights_allocates_nothing(saved, tmp_path):
         assert proc.returncode == 1 and proc.stdout == "", proc.stderr
         err = proc.stderr.strip()
         assert err.startswith("error: ") and "\n" not in err, err
-        assert "is an inconsistent charlm checkpoint: its weights do not match its config (transformer, layers 8, " \
-               "d_model 16384: missing blocks.1." in err
+        assert (
+            "is an inconsistent charlm checkpoint: its weights do not match its config (transformer, layers 8, "
+            "d_model 16384: missing blocks.1." in err
+        )
 
 
 def test_weights_that_do_not_hold_their_data_are_refused(tmp_path):
@@ -92,32 +121,50 @@ def test_weights_that_do_not_hold_their_data_are_refused(tmp_path):
         shapes = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
     tok = CharTokenizer.train(["abcd"])
     train_cfg = TrainConfig(steps=10, device="cpu")
-    saved = checkpoint.Saved(run_name="crafted", model_config=cfg, train_config=train_cfg, tokenizer=tok.to_json(),
-                             model={k: torch.zeros(()).expand(s) for k, s in shapes.items()}, step=1, train_seconds=1.0,
-                             best_val_loss=None, best_val_bpc=None)
+    saved = checkpoint.Saved(
+        run_name="crafted",
+        model_config=cfg,
+        train_config=train_cfg,
+        tokenizer=tok.to_json(),
+        model={k: torch.zeros(()).expand(s) for k, s in shapes.items()},
+        step=1,
+        train_seconds=1.0,
+        best_val_loss=None,
+        best_val_bpc=None,
+    )
     bad = tmp_path / "expanded.pt"
     torch.save(saved.to_payload(), bad)
     assert bad.stat().st_size < 100_000
     proc = run_limited(["sample", str(bad), "-n", "1"], limit_mb=1500)
     assert proc.returncode == 1, proc.stderr
-    assert "inconsistent charlm checkpoint: its weights do not match its config (lstm, layers 2, d_model 8192: " \
-           "tok_emb.weight does not hold its 32,768 values)" in proc.stderr
+    assert (
+        "inconsistent charlm checkpoint: its weights do not match its config (lstm, layers 2, d_model 8192: "
+        "tok_emb.weight does not hold its 32,768 values)" in proc.stderr
+    )
 
 
 def test_a_tokenizer_of_another_size_is_refused_on_load(saved, tmp_path):
     """Regression: a tokenizer larger than the model's vocabulary failed mid-stream with an IndexError."""
     other = CharTokenizer.train([TEXT + "XYZ"])
     bad = tampered(saved, tmp_path / "tok.pt", tokenizer=other.to_json())
-    with pytest.raises(CheckpointError, match=f"its tokenizer has {other.vocab_size} tokens, its model {other.vocab_size - 3}"):
+    with pytest.raises(
+        CheckpointError, match=f"its tokenizer has {other.vocab_size} tokens, its model {other.vocab_size - 3}"
+    ):
         checkpoint.load(bad)
     for args in (["info", bad], ["sample", bad, "-p", "XYZ", "-n", "5"]):
-        one_line(CliRunner().invoke(main, [str(a) for a in args]), "is an inconsistent charlm checkpoint: its tokenizer has")
+        one_line(
+            CliRunner().invoke(main, [str(a) for a in args]), "is an inconsistent charlm checkpoint: its tokenizer has"
+        )
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(metrics={"step": 3, "val_loss": "low"}), "metric val_loss should be a number, not str"),
-    (dict(best_val_loss=1.5, best_val_bpc=None), "best_val_loss and best_val_bpc should both be numbers"),
-], ids=["string metric", "half a best"])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(metrics={"step": 3, "val_loss": "low"}), "metric val_loss should be a number, not str"),
+        (dict(best_val_loss=1.5, best_val_bpc=None), "best_val_loss and best_val_bpc should both be numbers"),
+    ],
+    ids=["string metric", "half a best"],
+)
 def test_a_non_numeric_metric_is_one_line(saved, tmp_path, changes, message):
     """Regression: `info` crashed formatting a best_val_bpc that was missing while best_val_loss was set."""
     bad = tampered(saved, tmp_path / "metric.pt", **changes)
@@ -129,12 +176,17 @@ def test_a_fifo_or_device_is_not_a_regular_file(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
-    for args, message in [(["info", fifo], f"{fifo} is not a regular file: give a checkpoint file or a run directory"),
-                          (["train", fifo, "--out", tmp_path / "out"], f"{fifo} is not a regular file; give the path of a text file"),
-                          (["train", "/dev/zero", "--out", tmp_path / "out"], "/dev/zero is not a regular file")]:
-        proc = subprocess.run([sys.executable, "-m", "charlm", *map(str, args)], capture_output=True, text=True,
-                              timeout=60, env=env)
-        assert proc.returncode == 1 and proc.stderr.strip() == f"error: {message}" or message in proc.stderr, proc.stderr
+    for args, message in [
+        (["info", fifo], f"{fifo} is not a regular file: give a checkpoint file or a run directory"),
+        (["train", fifo, "--out", tmp_path / "out"], f"{fifo} is not a regular file; give the path of a text file"),
+        (["train", "/dev/zero", "--out", tmp_path / "out"], "/dev/zero is not a regular file"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "charlm", *map(str, args)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert proc.returncode == 1 and proc.stderr.strip() == f"error: {message}" or message in proc.stderr, (
+            proc.stderr
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -146,10 +198,22 @@ HOSTILE = "[blink]x\x1b[2J\x07"  # Rich markup (a file name cannot hold "[/blink
 def pty_run(args: list, tmp_path: Path, intr_after: str | None = None) -> str:
     """Run `charlm ARGS` in a real 120 × 40 pseudo-terminal; what the terminal received, raw. intr_after:
     press Ctrl-C once this pattern has appeared."""
-    env = {**os.environ, "TERM": "xterm-256color", "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache"),
-           "PYTHONIOENCODING": "utf-8"}
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", *map(str, args)], env=env, dimensions=(40, 120),
-                          encoding="utf-8", codec_errors="replace", timeout=120)
+    env = {
+        **os.environ,
+        "TERM": "xterm-256color",
+        "OMP_NUM_THREADS": "1",
+        "CHARLM_CACHE": str(tmp_path / "cache"),
+        "PYTHONIOENCODING": "utf-8",
+    }
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", *map(str, args)],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        codec_errors="replace",
+        timeout=120,
+    )
     try:
         if intr_after:
             child.expect(intr_after)
@@ -179,13 +243,23 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
 
     done = pty_run(["train", corpus, *TINY, "--steps", 4, "--eval-interval", 2, "--out", out], tmp_path)
     assert "training done" in done
-    assert_harmless(done, f"saving to {tmp_path}/out{visible}", f"{tmp_path}/out{visible}/best.pt",
-                    f"charlm chat $'{tmp_path}/out{visible}'")
+    assert_harmless(
+        done,
+        f"saving to {tmp_path}/out{visible}",
+        f"{tmp_path}/out{visible}/best.pt",
+        f"charlm chat $'{tmp_path}/out{visible}'",
+    )
 
-    stopped = pty_run(["train", corpus, *TINY, "--steps", 1000000, "--eval-interval", 2, "--out", tmp_path / f"b{HOSTILE}"],
-                      tmp_path, intr_after="step 2:")
-    assert_harmless(stopped, f"saved {tmp_path}/b{visible}/last.pt",
-                    f"resume with: charlm train $'{tmp_path}/{visible}.txt' --out $'{tmp_path}/b{visible}' --resume")
+    stopped = pty_run(
+        ["train", corpus, *TINY, "--steps", 1000000, "--eval-interval", 2, "--out", tmp_path / f"b{HOSTILE}"],
+        tmp_path,
+        intr_after="step 2:",
+    )
+    assert_harmless(
+        stopped,
+        f"saved {tmp_path}/b{visible}/last.pt",
+        f"resume with: charlm train $'{tmp_path}/{visible}.txt' --out $'{tmp_path}/b{visible}' --resume",
+    )
 
     assert_harmless(pty_run(["eval", out, corpus], tmp_path), f"out{visible} on {visible}.txt")
 
@@ -207,16 +281,23 @@ def corpus(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--batch-size", str(10**20)], f"--batch-size must be at most 65536, got {10**20}: --grad-accum gives larger"),
-    (["--batch-size", str(10**9)], "--batch-size must be at most 65536"),
-    (["--weight-decay", "inf"], "--weight-decay must be a finite number, got inf"),
-    (["--weight-decay", "nan"], "--weight-decay must be at least 0, got nan"),
-    (["--seed", str(10**20)], "--seed must be between 0 and 2^63 - 1"),
-    (["--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
-    (["--d-model", "16384", "--heads", "16", "--layers", "64"], "this run needs about 4.1 TB of memory (weights and "
-     "optimizer 3.3 TB, activations 824.6 GB per process) but cpu has"),
-], ids=["batch 1e20", "batch 1e9", "weight decay inf", "weight decay nan", "seed 1e20", "seed -1", "64 x 16384"])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--batch-size", str(10**20)], f"--batch-size must be at most 65536, got {10**20}: --grad-accum gives larger"),
+        (["--batch-size", str(10**9)], "--batch-size must be at most 65536"),
+        (["--weight-decay", "inf"], "--weight-decay must be a finite number, got inf"),
+        (["--weight-decay", "nan"], "--weight-decay must be at least 0, got nan"),
+        (["--seed", str(10**20)], "--seed must be between 0 and 2^63 - 1"),
+        (["--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
+        (
+            ["--d-model", "16384", "--heads", "16", "--layers", "64"],
+            "this run needs about 4.1 TB of memory (weights and "
+            "optimizer 3.3 TB, activations 824.6 GB per process) but cpu has",
+        ),
+    ],
+    ids=["batch 1e20", "batch 1e9", "weight decay inf", "weight decay nan", "seed 1e20", "seed -1", "64 x 16384"],
+)
 def test_out_of_bounds_is_refused_before_any_work(corpus, tmp_path, args, message):
     """Regression: these allocated gigabytes, printed a C++ trace, or were blamed on the learning rate later;
     and sizes that pass each check alone encoded the whole corpus before exhausting memory."""
@@ -230,8 +311,11 @@ def test_the_memory_estimate_names_what_to_change(corpus, tmp_path, monkeypatch)
 
     monkeypatch.setattr(memory, "available", lambda device: 100 * 10**6)
     r = CliRunner().invoke(main, ["train", str(corpus), *TINY, "--batch-size", "4096", "--out", str(tmp_path / "out")])
-    one_line(r, "but cpu has 100.0 MB free: lower --batch-size (--grad-accum keeps the effective batch), --context, "
-                "--d-model or --layers")
+    one_line(
+        r,
+        "but cpu has 100.0 MB free: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+        "--d-model or --layers",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -261,16 +345,31 @@ def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():
     assert lr_at(untimed, 49, 1e6) == pytest.approx(0.5e-2)  # without a budget the clock plays no part
 
 
-@pytest.mark.parametrize("model,args,message", [
-    ("lstm", ["--heads", "4"], "--resume: --heads applies to transformer runs only, and this run is lstm; drop it"),
-    ("lstm", ["--positions", "learned"], "--positions applies to transformer runs only, and this run is lstm"),
-    ("transformer", ["--vocab-size", "1024"], "--resume: --vocab-size applies to bpe runs only, and this run is char; drop it"),
-], ids=["heads on an lstm", "positions on an lstm", "vocab size on a char run"])
+@pytest.mark.parametrize(
+    "model,args,message",
+    [
+        ("lstm", ["--heads", "4"], "--resume: --heads applies to transformer runs only, and this run is lstm; drop it"),
+        ("lstm", ["--positions", "learned"], "--positions applies to transformer runs only, and this run is lstm"),
+        (
+            "transformer",
+            ["--vocab-size", "1024"],
+            "--resume: --vocab-size applies to bpe runs only, and this run is char; drop it",
+        ),
+    ],
+    ids=["heads on an lstm", "positions on an lstm", "vocab size on a char run"],
+)
 def test_resume_refuses_flags_that_do_not_apply(corpus, tmp_path, model, args, message):
     """Regression: resume accepted (or blamed on another value) flags that mean nothing for the run."""
     out = tmp_path / "run"
-    assert CliRunner().invoke(main, ["train", str(corpus), *TINY, "--model", model, "--out", str(out), "--steps", "2"]).exit_code == 0
-    one_line(CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--steps", "4", "--resume", *args]), message)
+    assert (
+        CliRunner()
+        .invoke(main, ["train", str(corpus), *TINY, "--model", model, "--out", str(out), "--steps", "2"])
+        .exit_code
+        == 0
+    )
+    one_line(
+        CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--steps", "4", "--resume", *args]), message
+    )
     assert checkpoint.read(out / "last.pt").step == 2
 
 
@@ -279,9 +378,29 @@ def test_running_out_of_memory_anyway_is_not_a_bug_report(tmp_path):
     estimated at ~5 GB), the user hears what to change, never "unexpected RuntimeError ... please report it"."""
     corpus = tmp_path / "long.txt"
     corpus.write_text(TEXT * 10, encoding="utf-8")
-    proc = run_limited(["train", str(corpus), "--layers", "1", "--d-model", "32", "--heads", "2", "--context", "256",
-                        "--batch-size", "2048", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "out")],
-                       limit_mb=2500)
+    proc = run_limited(
+        [
+            "train",
+            str(corpus),
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--context",
+            "256",
+            "--batch-size",
+            "2048",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        limit_mb=2500,
+    )
     err = proc.stderr.strip()
     assert proc.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
     assert "please report it" not in err

@@ -39,11 +39,14 @@ def test_lab_alone_lists_every_experiment():
     assert set(EXPERIMENTS) == {"copy", "recall", "cost", "heads", "ablate", "positions"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nope"], "unknown experiment 'nope'"),
-    (["heads"], "takes a checkpoint"),
-    (["copy", "some/run"], "takes no checkpoint"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope"], "unknown experiment 'nope'"),
+        (["heads"], "takes a checkpoint"),
+        (["copy", "some/run"], "takes no checkpoint"),
+    ],
+)
 def test_wrong_use_is_one_line(args, message):
     result = CliRunner().invoke(main, ["lab", *args])
     assert result.exit_code != 0
@@ -64,8 +67,22 @@ def test_copy_attention_copies_where_the_same_size_lstm_cannot(copy_result):
 def test_lab_models_are_normal_runs(copy_result):
     d = copy_result["details"]
     example, head = d["example"], d["copy_head"]
-    result = CliRunner().invoke(main, ["attn", d["transformer_run"], "--prompt", example, "--layer", str(head["layer"]),
-                                       "--head", str(head["head"]), "--ascii", "--width", "100"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "attn",
+            d["transformer_run"],
+            "--prompt",
+            example,
+            "--layer",
+            str(head["layer"]),
+            "--head",
+            str(head["head"]),
+            "--ascii",
+            "--width",
+            "100",
+        ],
+    )
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(main, ["gates", d["lstm_run"], "--prompt", example, "--ascii", "--width", "100"])
     assert result.exit_code == 0 and "forget" in result.output.lower()
@@ -167,8 +184,13 @@ def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
         same = trace_rnn(rnn, x, intervene=lambda layer, name, v: v)
         assert torch.equal(plain[1].h, same[1].h)
         assert torch.allclose(plain[1].h, rnn(x)[0], atol=1e-6)  # the recomputation is the layer's own
-        frozen = trace_rnn(rnn, x, intervene=lambda layer, name, v: clamp(0, "input", 0.0)(layer, name, v)
-                           if name == "input" else clamp(0, "forget", 1.0)(layer, name, v))
+        frozen = trace_rnn(
+            rnn,
+            x,
+            intervene=lambda layer, name, v: (
+                clamp(0, "input", 0.0)(layer, name, v) if name == "input" else clamp(0, "forget", 1.0)(layer, name, v)
+            ),
+        )
         assert torch.all(frozen[0].c == 0)  # nothing written, nothing forgotten: the cell stays at its zero start
         assert torch.all(frozen[0].gates["forget"] == 1) and not torch.all(frozen[1].gates["forget"] == 1)
         dead = trace_rnn(rnn, x, intervene=zero_units(1, [0, 3]))

@@ -12,17 +12,23 @@ from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration,
 from charlm.models import RNN, Transformer, build_model, count_params
 from charlm.tokenizer import CharTokenizer
 
-
 V, B, T = 23, 2, 12
 
-KINDS = [("transformer", "rope"), ("transformer", "learned"), ("transformer", "sinusoidal"), ("lstm", None), ("gru", None)]
+KINDS = [
+    ("transformer", "rope"),
+    ("transformer", "learned"),
+    ("transformer", "sinusoidal"),
+    ("lstm", None),
+    ("gru", None),
+]
 IDS = [f"{k}-{p}" if p else k for k, p in KINDS]
 
 
 def tiny(kind: str = "transformer", positions: str | None = "rope", **kw) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = ModelConfig(kind=kind, vocab_size=V, n_layers=2, d_model=32, n_heads=4, context=16,
-                      positions=positions or "rope", **kw)
+    cfg = ModelConfig(
+        kind=kind, vocab_size=V, n_layers=2, d_model=32, n_heads=4, context=16, positions=positions or "rope", **kw
+    )
     return build_model(cfg).eval()
 
 
@@ -146,7 +152,9 @@ def test_tiny_model_learns_a_repetitive_text(kind):
     tok = CharTokenizer.train([text])
     data = torch.tensor(tok.encode(text))
     torch.manual_seed(0)
-    model = build_model(ModelConfig(kind=kind, vocab_size=tok.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32))
+    model = build_model(
+        ModelConfig(kind=kind, vocab_size=tok.vocab_size, n_layers=1, d_model=32, n_heads=2, context=32)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(0)
     model.train()
@@ -157,7 +165,9 @@ def test_tiny_model_learns_a_repetitive_text(kind):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert loss.item() < 0.25 * math.log(tok.vocab_size), f"{kind}: loss {loss.item():.3f} vs ln(V) {math.log(tok.vocab_size):.3f}"
+    assert loss.item() < 0.25 * math.log(tok.vocab_size), (
+        f"{kind}: loss {loss.item():.3f} vs ln(V) {math.log(tok.vocab_size):.3f}"
+    )
 
 
 def test_dropout_is_off_in_eval_mode():
@@ -238,7 +248,9 @@ def test_configs_round_trip_through_dicts():
     assert TrainConfig.from_dict({**t.to_dict(), "from_a_newer_version": 1}) == t  # unknown keys ignored
 
 
-@pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("1.5h", 5400), ("120", 120), ("250ms", 0.25), ("2min", 120)])
+@pytest.mark.parametrize(
+    "text,seconds", [("90s", 90), ("10m", 600), ("1.5h", 5400), ("120", 120), ("250ms", 0.25), ("2min", 120)]
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 

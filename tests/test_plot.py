@@ -7,8 +7,14 @@ from charlm.views.plot import MARKERS, line_chart
 
 
 def test_plain_chart_has_no_escape_codes_and_names_every_series():
-    text = line_chart({"lstm": ([5, 10, 20, 40], [0.9, 0.6, 0.2, 0.1]), "transformer": ([5, 10, 20, 40], [1, 1, 1, 0.98])},
-                      width=60, height=14, xlabel="N", ylabel="accuracy", color=False)
+    text = line_chart(
+        {"lstm": ([5, 10, 20, 40], [0.9, 0.6, 0.2, 0.1]), "transformer": ([5, 10, 20, 40], [1, 1, 1, 0.98])},
+        width=60,
+        height=14,
+        xlabel="N",
+        ylabel="accuracy",
+        color=False,
+    )
     assert "\x1b" not in text
     assert "lstm" in text and "transformer" in text
     assert f"{MARKERS[0]}{MARKERS[0]} lstm" in text and f"{MARKERS[1]}{MARKERS[1]} transformer" in text

@@ -12,15 +12,14 @@ import sys
 import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import tiny_train
 
 from charlm import checkpoint
-from charlm.config import ModelConfig
 from charlm.cli import main
+from charlm.config import ModelConfig
 from charlm.data import bits_per_char
 from charlm.train import Trainer
 from charlm.views.runs import train_bpc
-
-from conftest import tiny_train
 
 TEXT = "the cat sat on the mat, and the dog ran to the log.\n" * 60
 
@@ -90,8 +89,11 @@ def test_same_names_are_told_apart_by_their_paths(curves, tmp_path):
 
 
 def test_bad_runs_are_one_line_errors(curves, tmp_path):
-    for args, fragment in (([tmp_path / "nowhere"], "no run directory"), ([tmp_path], "has no metrics.jsonl"),
-                           ([curves / "lstm", "--width", 10], "--width must be at least 30")):
+    for args, fragment in (
+        ([tmp_path / "nowhere"], "no run directory"),
+        ([tmp_path], "has no metrics.jsonl"),
+        ([curves / "lstm", "--width", 10], "--width must be at least 30"),
+    ):
         r = charlm("plot", *args)
         assert r.exit_code == 1 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.output
         assert fragment in r.stderr
@@ -111,8 +113,14 @@ def test_info_shows_the_curve(curves):
 def test_a_terminal_gets_colour_unless_no_color(curves, tmp_path, no_color):
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env.update(CHARLM_CACHE=str(tmp_path / "cache"), TERM="xterm-256color", **({"NO_COLOR": "1"} if no_color else {}))
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "plot", str(curves / "transformer")], env=env,
-                          dimensions=(40, 100), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "plot", str(curves / "transformer")],
+        env=env,
+        dimensions=(40, 100),
+        encoding="utf-8",
+        timeout=60,
+    )
     out = child.read()
     child.close()
     assert child.exitstatus == 0, out

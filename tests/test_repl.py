@@ -8,13 +8,12 @@ import subprocess
 import sys
 
 import pexpect
+from conftest import strip_ansi
 
 from charlm import checkpoint
-from charlm.generate import Streamer, SampleConfig
+from charlm.generate import SampleConfig, Streamer
 from charlm.views.repl import unescape
 from charlm.views.text import safe_text
-
-from conftest import strip_ansi
 
 MEMORISED = "But soft, what light through yonder window breaks?"
 VISIBLE_ESCAPES = r"[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m"
@@ -26,8 +25,14 @@ def env(tmp_path) -> dict:
 
 
 def spawn(run, tmp_path, *args) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "chat", str(run), *args], env=env(tmp_path),
-                          encoding="utf-8", timeout=60, dimensions=(50, 220))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "chat", str(run), *args],
+        env=env(tmp_path),
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(50, 220),
+    )
     child.expect_exact(">>> ")
     return child
 
@@ -61,7 +66,9 @@ def test_a_prompt_streams_the_model_text_safely_then_a_status_line(gen_runs, cha
     child = start(chat_pty, gen_runs["tf"], "--seed", "1")
     assert "temperature = 0" in say(child, "/set temperature 0")
     raw = say(child, "window breaks?", raw=True)
-    assert "\x1b]" not in raw and "\x07" not in raw and "\x1b[31m" not in raw  # the model's escapes never reach the terminal
+    assert (
+        "\x1b]" not in raw and "\x07" not in raw and "\x1b[31m" not in raw
+    )  # the model's escapes never reach the terminal
     screen = plain(raw)
     assert "[bold]red[/bold]" in screen  # markup shown literally, never applied
     assert VISIBLE_ESCAPES in screen  # escapes shown as visible text
@@ -83,10 +90,15 @@ def test_show_lists_the_settings_and_reset_empties_the_running_text(gen_runs, ch
 
 def test_bad_commands_and_values_get_a_one_line_hint_and_the_repl_goes_on(gen_runs, chat_pty):
     child = start(chat_pty, gen_runs["tf"])
-    for line, hint in (("/bogus", "unknown command /bogus"), ("/set temperature warm", "bad value for temperature"),
-                       ("/set top_p 2", "top_p must be in (0, 1]"), ("/set colour red", "usage: /set KEY VALUE"),
-                       ("/mode sideways", "/mode fresh or /mode continue"), ("/gates", "has no gates"),
-                       ("/attn", "no text yet")):
+    for line, hint in (
+        ("/bogus", "unknown command /bogus"),
+        ("/set temperature warm", "bad value for temperature"),
+        ("/set top_p 2", "top_p must be in (0, 1]"),
+        ("/set colour red", "usage: /set KEY VALUE"),
+        ("/mode sideways", "/mode fresh or /mode continue"),
+        ("/gates", "has no gates"),
+        ("/attn", "no text yet"),
+    ):
         screen = say(child, line)
         assert hint in screen and "Traceback" not in screen
         assert len([l for l in screen.splitlines() if l.strip()]) == 2, screen  # the echoed command + one line
@@ -242,31 +254,63 @@ def test_the_prompt_is_shown_as_the_model_got_it(gen_runs, chat_pty):
 
 
 def chat_piped(run, tmp_path, lines: list[str], *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "charlm", "chat", str(run), *args], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True, encoding="utf-8", env=env(tmp_path), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "charlm", "chat", str(run), *args],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env(tmp_path),
+        timeout=120,
+    )
 
 
 def test_piped_stdin_is_scriptable(gen_runs, tmp_path):
     """Each line a prompt; stdout holds only the continuations (one per prompt, plain, no styling),
     hints go to stderr; unknown characters get a one-line warning and are dropped."""
-    out = chat_piped(gen_runs["tf"], tmp_path, ["/set temperature 0", "/set max_tokens 51", "ROMEO:", "/bogus",
-                                                "window breaks?", "ROMEO:ü", "/set stop t, w", "ROMEO:",
-                                                '"""/bogus"""', "/quit", "never read"], "--unknown", "drop")
+    out = chat_piped(
+        gen_runs["tf"],
+        tmp_path,
+        [
+            "/set temperature 0",
+            "/set max_tokens 51",
+            "ROMEO:",
+            "/bogus",
+            "window breaks?",
+            "ROMEO:ü",
+            "/set stop t, w",
+            "ROMEO:",
+            '"""/bogus"""',
+            "/quit",
+            "never read",
+        ],
+        "--unknown",
+        "drop",
+    )
     assert out.returncode == 0
     ck = checkpoint.load(gen_runs["tf"])  # the library's greedy continuation of "/bogus", shown safely
-    fenced_bogus = safe_text(Streamer(ck.model, ck.tokenizer).complete(ck.tokenizer.encode("/bogus"),
-                                                                        SampleConfig(temperature=0, max_tokens=51)))
+    fenced_bogus = safe_text(
+        Streamer(ck.model, ck.tokenizer).complete(
+            ck.tokenizer.encode("/bogus"), SampleConfig(temperature=0, max_tokens=51)
+        )
+    )
     # each continuation (51 tokens, starting with the newline after the prompt), then one newline
-    assert out.stdout == (f"\n{MEMORISED}\n"
-                          f"\n{VISIBLE_ESCAPES}\nJULIET:\nO\n"  # styled by nothing, escapes made visible
-                          f"\n{MEMORISED}\n"  # ROMEO:ü with the ü dropped
-                          "\nBut sof\n"  # cut at the stop string "t, w"
-                          f"{fenced_bogus}\n")  # between \"\"\" marks, /bogus is a prompt, not a command
+    assert out.stdout == (
+        f"\n{MEMORISED}\n"
+        f"\n{VISIBLE_ESCAPES}\nJULIET:\nO\n"  # styled by nothing, escapes made visible
+        f"\n{MEMORISED}\n"  # ROMEO:ü with the ü dropped
+        "\nBut sof\n"  # cut at the stop string "t, w"
+        f"{fenced_bogus}\n"
+    )  # between \"\"\" marks, /bogus is a prompt, not a command
     errors = out.stderr.strip().splitlines()
-    assert errors == ["temperature = 0.0", "max_tokens = 51",
-                      "unknown command /bogus: /help lists them (to send text that starts with /, begin it with a space "
-                      'or put it in """ marks)',
-                      "dropped 1 character the model never saw: 'ü'", "stop = 't, w'"]
+    assert errors == [
+        "temperature = 0.0",
+        "max_tokens = 51",
+        "unknown command /bogus: /help lists them (to send text that starts with /, begin it with a space "
+        'or put it in """ marks)',
+        "dropped 1 character the model never saw: 'ü'",
+        "stop = 't, w'",
+    ]
 
 
 def test_lstm_has_gates_not_attention(gen_runs, tmp_path):

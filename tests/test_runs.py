@@ -15,17 +15,15 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from conftest import tiny_train
 from rich.console import Console
 
-from charlm import checkpoint
+from charlm import checkpoint, runs
 from charlm.cli import main
-from charlm import runs
 from charlm.config import ModelConfig
 from charlm.train import Phase, Trainer
 from charlm.views.progress import TrainView
 from charlm.views.runs import age, duration, render_runs
-
-from conftest import tiny_train
 
 TEXT = "the cat sat on the mat, and the dog ran to the log.\n" * 60
 
@@ -52,7 +50,7 @@ def test_runs_table_newest_first(folder):
     assert "3 runs in" in out
     for name in ("tf", "bpe", "lstm"):
         saved = checkpoint.read(folder / name / "last.pt")
-        row = out[out.index(f"\n{name} "):].split("\n")[1]
+        row = out[out.index(f"\n{name} ") :].split("\n")[1]
         assert f"{saved.params / 1e6:.2f}M" in row and f"{saved.step:,}" in row and f"{saved.best_val_bpc:.3f}" in row
         assert saved.model_config.kind in row
     assert "1h ago" in out and "3h ago" in out
@@ -74,7 +72,9 @@ def test_runs_json_and_one_run_directory(folder):
 def test_runs_defaults_to_checkpoints_and_says_when_there_are_none(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = charlm("runs")
-    assert r.exit_code == 1 and r.stderr.startswith("error: no checkpoints/ folder here yet") and r.stderr.count("\n") == 1
+    assert (
+        r.exit_code == 1 and r.stderr.startswith("error: no checkpoints/ folder here yet") and r.stderr.count("\n") == 1
+    )
     (tmp_path / "checkpoints").mkdir()
     r = charlm("runs")
     assert r.exit_code == 0 and r.stdout == "" and "no runs in checkpoints" in r.stderr
@@ -128,13 +128,14 @@ def test_the_live_bar_names_each_phase(tmp_path):
             labels.append(view.progress.tasks[view.train_task].description)
 
     cfg = tiny_train(4, sample_tokens=10, eval_interval=2)
-    trainer = Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run",
-                      on_event=on_event)
+    trainer = Trainer(
+        corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run", on_event=on_event
+    )
     view.finish(trainer.fit())
     phases = [e.name for e in events if isinstance(e, Phase)]
     assert phases[:3] == ["evaluating", "saving", "sampling"]  # one evaluation: loss, checkpoint, sample
     assert {"training", "evaluating", "saving", "sampling"} <= set(labels)
-    assert labels[labels.index("evaluating") + 1:].count("training") >= 1  # the next step says training again
+    assert labels[labels.index("evaluating") + 1 :].count("training") >= 1  # the next step says training again
 
 
 def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
@@ -162,16 +163,37 @@ def test_a_timed_run_shows_a_validation_loss_before_its_end(tmp_path):
 def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    tiny = ["--layers", "1", "--d-model", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
-            "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", "--out", tmp_path / "run"]
+    tiny = [
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--context",
+        "16",
+        "--batch-size",
+        "4",
+        "--eval-iters",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        tmp_path / "run",
+    ]
     t0 = time.perf_counter()
     r = charlm("train", corpus, *tiny, "--steps", 2)
     waited = time.perf_counter() - t0
     assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.replace("│", " ").split())  # the summary table's cells wrap
     assert "train longer:" in out and f"--out {tmp_path / 'run'} --resume --max-time" in out
-    m = re.search(r"time (\d+\.\d)s training, evaluations included · (\d+\.\d)s in all: (\d+\.\d)s to set up and "
-                  r"encode, (\d+\.\d)s for the last evaluation and sample", out)
+    m = re.search(
+        r"time (\d+\.\d)s training, evaluations included · (\d+\.\d)s in all: (\d+\.\d)s to set up and "
+        r"encode, (\d+\.\d)s for the last evaluation and sample",
+        out,
+    )
     assert m, out
     training, total, setup, after = map(float, m.groups())
     assert total == pytest.approx(training + setup + after, abs=0.15) and total <= waited + 0.05
@@ -181,9 +203,34 @@ def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_pat
 def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    r = charlm("train", corpus, "--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size",
-               "8", "--lr", "0.01", "--warmup", "5", "--eval-iters", "2", "--sample-tokens", "0", "--device", "cpu",
-               "--steps", 60, "--out", tmp_path / "run")
+    r = charlm(
+        "train",
+        corpus,
+        "--layers",
+        "1",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--context",
+        "32",
+        "--batch-size",
+        "8",
+        "--lr",
+        "0.01",
+        "--warmup",
+        "5",
+        "--eval-iters",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--device",
+        "cpu",
+        "--steps",
+        60,
+        "--out",
+        tmp_path / "run",
+    )
     assert r.exit_code == 0, r.output
     best = checkpoint.read(tmp_path / "run" / "best.pt").best_val_loss
     assert best < 0.6 * math.log(len(set(TEXT)))

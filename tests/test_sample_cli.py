@@ -13,12 +13,11 @@ from click.testing import CliRunner
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.generate import Streamer, SampleConfig
+from charlm.generate import SampleConfig, Streamer
 
 MEMORISED = "But soft, what light through yonder window breaks?\n"
 ESCAPES = "[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m\n"
 BEFORE_ESCAPES = "window breaks?\n"  # a prompt the model continues with ESCAPES
-
 
 
 def run(*args, input=None, code=0):
@@ -41,7 +40,7 @@ def test_greedy_sample_is_the_prompt_and_the_engines_continuation(gen_runs):
     assert r.exit_code == 0, r.output
     assert r.stdout == engine(gen_runs["tf"], "ROMEO:", temperature=0, max_tokens=60)
     assert r.stdout.startswith("ROMEO:\n" + MEMORISED)  # the model has learnt its text
-    assert run(gen_runs["tf"], "-p", "ROMEO:", "-n", 60, "-t", 0, "--no-echo").stdout == r.stdout[len("ROMEO:"):]
+    assert run(gen_runs["tf"], "-p", "ROMEO:", "-n", 60, "-t", 0, "--no-echo").stdout == r.stdout[len("ROMEO:") :]
 
 
 def test_same_seed_same_samples_and_num_samples(gen_runs):
@@ -95,17 +94,20 @@ def test_unknown_characters(gen_runs):
     assert replaced.exit_code == 0 and replaced.stdout.startswith("ROMEO ")  # the prompt echoed as the model read it
 
 
-@pytest.mark.parametrize("args,message", [
-    (["-t", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-k", "-2"], "top_k"),
-    (["--repetition-penalty", "0"], "repetition_penalty"),
-    (["-n", "-5"], "max_tokens"),
-    (["--num-samples", "0"], "--num-samples"),
-    (["--stop", ""], "stop"),
-    (["-p", "x", "--prompt-file", "f.txt"], "not both"),
-    (["--prompt-file", "/no/such/file.txt"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-t", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-k", "-2"], "top_k"),
+        (["--repetition-penalty", "0"], "repetition_penalty"),
+        (["-n", "-5"], "max_tokens"),
+        (["--num-samples", "0"], "--num-samples"),
+        (["--stop", ""], "stop"),
+        (["-p", "x", "--prompt-file", "f.txt"], "not both"),
+        (["--prompt-file", "/no/such/file.txt"], "no such file"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(gen_runs, args, message):
     r = run(gen_runs["tf"], *args, code=1)
     assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.output
@@ -124,8 +126,7 @@ def _env(tmp_path):
 
 def test_a_real_pipe_gets_exactly_the_text(gen_runs, tmp_path):
     cmd = [sys.executable, "-m", "charlm", "sample", str(gen_runs["tf"]), "-p", BEFORE_ESCAPES, "-n", "90", "-t", "0"]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                         env=_env(tmp_path), timeout=120)
+    out = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env=_env(tmp_path), timeout=120)
     assert out.returncode == 0 and out.stderr == b""
     text = out.stdout.decode("utf-8")
     # exactly the model's text: no colour, no spinner, its own escapes untouched (a pipe is not a screen)
@@ -136,14 +137,22 @@ def test_a_real_pipe_gets_exactly_the_text(gen_runs, tmp_path):
 def test_a_reader_that_stops_early_is_no_error(gen_runs, tmp_path):
     """`charlm sample ... | head`: the reader leaves early; no traceback, no error message."""
     cmd = f"'{sys.executable}' -m charlm sample '{gen_runs['tf']}' -p ROMEO: -t 0 -n 100000 | head -c 20"
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, stdin=subprocess.DEVNULL, env=_env(tmp_path), timeout=120)
+    out = subprocess.run(
+        ["bash", "-c", cmd], capture_output=True, stdin=subprocess.DEVNULL, env=_env(tmp_path), timeout=120
+    )
     assert out.stdout.decode() == ("ROMEO:\n" + MEMORISED)[:20]
     assert out.stderr == b""
 
 
 def test_a_terminal_sees_escapes_as_harmless_text(gen_runs, tmp_path):
-    child = pexpect.spawn(sys.executable, ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", BEFORE_ESCAPES, "-n", "60", "-t", "0"],
-                          env=_env(tmp_path) | {"TERM": "xterm-256color"}, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", BEFORE_ESCAPES, "-n", "60", "-t", "0"],
+        env=_env(tmp_path) | {"TERM": "xterm-256color"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 200),
+    )
     child.expect(pexpect.EOF)
     child.close()
     screen = child.before

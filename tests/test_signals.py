@@ -24,12 +24,50 @@ TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
     "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 12
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "5", "--device", "cpu"]
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "5",
+    "--device",
+    "cpu",
+]
 # a run that spends most of its time writing checkpoints: an LSTM with big matrices, tiny batches and an
 # evaluation (best.pt, last.pt: 6 MB each) after every step
-SAVING = ["--model", "lstm", "--layers", "1", "--d-model", "256", "--context", "2", "--batch-size", "1",
-          "--optimizer", "adamw", "--eval-interval", "1", "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu"]
+SAVING = [
+    "--model",
+    "lstm",
+    "--layers",
+    "1",
+    "--d-model",
+    "256",
+    "--context",
+    "2",
+    "--batch-size",
+    "1",
+    "--optimizer",
+    "adamw",
+    "--eval-interval",
+    "1",
+    "--eval-iters",
+    "1",
+    "--sample-tokens",
+    "0",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture
@@ -45,12 +83,18 @@ class Train:
     def __init__(self, tmp_path: Path, corpus: Path, *args):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # log lines must flush by themselves
         env.update(OMP_NUM_THREADS="1", CHARLM_CACHE=str(tmp_path / "cache"))
-        self.proc = subprocess.Popen([sys.executable, "-m", "charlm", "train", str(corpus), *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "charlm", "train", str(corpus), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
-        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout] + [self.lines.put(None)],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [self.lines.put(line) for line in self.proc.stdout] + [self.lines.put(None)], daemon=True
+        ).start()
 
     def wait_for(self, start: str) -> str:
         while True:
@@ -145,12 +189,18 @@ def test_a_second_training_into_a_run_in_use_is_refused(corpus, tmp_path):
     first = Train(tmp_path, corpus, *TINY, "--steps", 1_000_000, "--eval-interval", 10, "--out", out)
     first.wait_for("eval step 10:")
     for extra in ([], ["--resume"]):
-        second = subprocess.run([sys.executable, "-m", "charlm", "train", str(corpus), *TINY, "--steps", "50",
-                                 "--out", str(out), *extra], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")})
+        second = subprocess.run(
+            [sys.executable, "-m", "charlm", "train", str(corpus), *TINY, "--steps", "50", "--out", str(out), *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")},
+        )
         assert second.returncode == 1, second
-        assert second.stderr == (f"error: {out} is in use by another charlm train (pid {first.proc.pid}): "
-                                 "wait for it to finish, or choose another --out\n")
+        assert second.stderr == (
+            f"error: {out} is in use by another charlm train (pid {first.proc.pid}): "
+            "wait for it to finish, or choose another --out\n"
+        )
     first.wait_for("eval step 20:")  # the first run goes on
     first.proc.kill()
     first.finish()

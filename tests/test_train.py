@@ -18,10 +18,9 @@ from charlm.checkpoint import CheckpointError
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
 from charlm.generate import Streamer
-from charlm.train import (Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at)
+from charlm.train import Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
-
 
 
 @pytest.fixture
@@ -32,10 +31,17 @@ def corpus(tmp_path) -> Path:
 
 
 def make(corpus, out, kind="transformer", dropout=0.0, resume=False, on_event=None, **train) -> Trainer:
-    model_cfg = ModelConfig(kind=kind, n_layers=2 if kind != "transformer" else 1, d_model=32, n_heads=2,
-                            context=16, dropout=dropout)
-    train_cfg = TrainConfig(**{**dict(steps=16, batch_size=4, lr=1e-2, warmup=3, eval_interval=5, eval_iters=2,
-                                      sample_tokens=0, device="cpu"), **train})
+    model_cfg = ModelConfig(
+        kind=kind, n_layers=2 if kind != "transformer" else 1, d_model=32, n_heads=2, context=16, dropout=dropout
+    )
+    train_cfg = TrainConfig(
+        **{
+            **dict(
+                steps=16, batch_size=4, lr=1e-2, warmup=3, eval_interval=5, eval_iters=2, sample_tokens=0, device="cpu"
+            ),
+            **train,
+        }
+    )
     return Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event)
 
 
@@ -107,7 +113,9 @@ def test_metrics_log_continues_across_a_resume(corpus, tmp_path):
     make(corpus, tmp_path / "run", resume=True).fit()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [5, 8, 10, 15, 16]
-    assert all(math.isfinite(r["val_loss"]) and r["val_bpc"] == pytest.approx(r["val_loss"] / math.log(2)) for r in rows)
+    assert all(
+        math.isfinite(r["val_loss"]) and r["val_bpc"] == pytest.approx(r["val_loss"] / math.log(2)) for r in rows
+    )
     elapsed = [r["elapsed"] for r in rows]
     assert elapsed == sorted(elapsed)  # time trained accumulates across sessions
     last = checkpoint.read(tmp_path / "run" / "last.pt")
@@ -190,6 +198,7 @@ def test_a_kill_between_any_two_writes_leaves_files_that_agree(corpus, tmp_path,
             writes.append(args[1])
             if len(writes) == kill_at:
                 raise Killed
+
         return wrapper
 
     monkeypatch.setattr(checkpoint, "save", counted(real_save))
@@ -218,7 +227,9 @@ def test_a_kill_between_any_two_writes_leaves_files_that_agree(corpus, tmp_path,
                 make(corpus, run, steps=12, eval_interval=3, resume=True).fit()
         assert [(r["step"], r["val_loss"]) for r in metric_rows(run)] == want_rows, kill_at
         for name in ("best.pt", "last.pt"):
-            assert_bit_identical(checkpoint.read(run / name).model, checkpoint.read(tmp_path / "whole" / name).model, name)
+            assert_bit_identical(
+                checkpoint.read(run / name).model, checkpoint.read(tmp_path / "whole" / name).model, name
+            )
     assert total >= 8  # 4 evaluations: best.pt (when better), a metrics line and last.pt each
 
 
@@ -232,8 +243,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     with torch.no_grad():
         run.model.blocks[0].mlp.fc.weight.fill_(float("nan"))  # the weights blow up
-    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 6: training stopped, and the last good "
-                                               r"checkpoint in .*run was kept; try a lower --lr \(now 0.01\)"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"the loss became nan at step 6: training stopped, and the last good "
+        r"checkpoint in .*run was kept; try a lower --lr \(now 0.01\)",
+    ):
         run.fit()
     assert (tmp_path / "run" / "last.pt").read_bytes() == last
     assert (tmp_path / "run" / "best.pt").read_bytes() == best
@@ -359,8 +373,17 @@ def test_bf16_training_learns(tmp_path):
     losses = {}
     for precision in ("fp32", "bf16"):
         model_cfg = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=32)
-        cfg = TrainConfig(steps=40, batch_size=8, lr=1e-2, warmup=5, eval_interval=40, eval_iters=2,
-                          sample_tokens=0, device="cpu", precision=precision)
+        cfg = TrainConfig(
+            steps=40,
+            batch_size=8,
+            lr=1e-2,
+            warmup=5,
+            eval_interval=40,
+            eval_iters=2,
+            sample_tokens=0,
+            device="cpu",
+            precision=precision,
+        )
         run = Trainer(corpus, model_cfg, cfg, tmp_path / precision)
         losses[precision] = run.fit().last_val_loss
         assert all(p.dtype == torch.float32 for p in run.model.parameters())

@@ -26,13 +26,25 @@ EXPERIMENTS = {
 NEEDS_CKPT = ("heads", "ablate")
 
 
-def run_experiment(name: str, *, ckpt: str | None = None, quick: bool = False, seed: int = 0, device: str = "cpu",
-                   out: Path = LAB_DIR, text: str | None = None, progress=lambda message: None) -> LabResult:
+def run_experiment(
+    name: str,
+    *,
+    ckpt: str | None = None,
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    out: Path = LAB_DIR,
+    text: str | None = None,
+    progress=lambda message: None,
+) -> LabResult:
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment '{name}': choose one of {', '.join(EXPERIMENTS)}")
     if (name in NEEDS_CKPT) != (ckpt is not None):
-        raise ConfigError(f"charlm lab {name} takes a checkpoint: charlm lab {name} CKPT" if name in NEEDS_CKPT
-                          else f"charlm lab {name} takes no checkpoint (it trains its own models)")
+        raise ConfigError(
+            f"charlm lab {name} takes a checkpoint: charlm lab {name} CKPT"
+            if name in NEEDS_CKPT
+            else f"charlm lab {name} takes no checkpoint (it trains its own models)"
+        )
     module = importlib.import_module(f"charlm.lab.{name}")
     settings = module.QUICK if quick else {}
     with one_thread():  # lab models are small: a second thread only waits, the more so on a busy CPU

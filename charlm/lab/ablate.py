@@ -27,8 +27,11 @@ QUICK = dict(max_chars=1024, rows=4, units=4)
 def _text(ck, text: str | None) -> tuple[str, str]:
     path = Path(text) if text else ck.path.parent / "corpus.txt"
     if not path.is_file():
-        raise ConfigError(f"no text to score: {path} does not exist; give one with --text FILE" if text else
-                          f"{ck.path.parent} has no corpus.txt (only lab runs keep theirs): give a text with --text FILE")
+        raise ConfigError(
+            f"no text to score: {path} does not exist; give one with --text FILE"
+            if text
+            else f"{ck.path.parent} has no corpus.txt (only lab runs keep theirs): give a text with --text FILE"
+        )
     try:
         return path.read_text(encoding="utf-8"), str(path)
     except UnicodeDecodeError:
@@ -43,6 +46,7 @@ def head_knockouts(model, ids: torch.Tensor) -> list[tuple[int, int, float]]:
     out = []
     for layer, block in enumerate(model.blocks):
         for head in range(H):
+
             def zero_head(module, args, head=head):
                 y = args[0].clone()
                 y[..., head * hs : (head + 1) * hs] = 0
@@ -70,6 +74,7 @@ def rnn_nats(model, ids: torch.Tensor, intervene=None) -> float:
 def clamp(layer: int, name: str, value: float):
     def intervene(l, n, v):
         return torch.full_like(v, value) if (l, n) == (layer, name) else v
+
     return intervene
 
 
@@ -80,6 +85,7 @@ def zero_units(layer: int, units: list[int]):
         v = v.clone()
         v[:, units] = 0
         return v
+
     return intervene
 
 
@@ -111,9 +117,10 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     records = []
     if not rnn:
         base = bpc(_nats(model(x[:, :-1])[0], x))
-        for k, (layer, head, nats) in enumerate(head_knockouts(model, x)):
-            records.append(record(layer=layer, part=f"head {head}", value=0.0,
-                                  bits_per_char=bpc(nats), damage=bpc(nats) - base))
+        for layer, head, nats in head_knockouts(model, x):
+            records.append(
+                record(layer=layer, part=f"head {head}", value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
+            )
     else:
         base = bpc(rnn_nats(model, x))
         gates = LSTM_GATES if cfg.kind == "lstm" else GRU_GATES
@@ -124,22 +131,37 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
             for name in gates:
                 for value in (0.0, 1.0):
                     nats = rnn_nats(model, x, clamp(layer, name, value))
-                    records.append(record(layer=layer, part=name, value=value,
-                                          bits_per_char=bpc(nats), damage=bpc(nats) - base))
+                    records.append(
+                        record(layer=layer, part=name, value=value, bits_per_char=bpc(nats), damage=bpc(nats) - base)
+                    )
             spread = trace[layer].h.reshape(-1, cfg.d_model).std(dim=0).numpy()
             busy = [int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]]
             calm = [int(u) for u in gen.choice(cfg.d_model, s["units"], replace=False)]
             for label, units in ((f"{s['units']} busiest units", busy), (f"{s['units']} random units", calm)):
                 nats = rnn_nats(model, x, zero_units(layer, units))
-                records.append(record(layer=layer, part=label, value=0.0,
-                                      bits_per_char=bpc(nats), damage=bpc(nats) - base))
+                records.append(
+                    record(layer=layer, part=label, value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
+                )
     records.sort(key=lambda r: -r["damage"])
     for rank, r in enumerate(records, 1):
         r["rank"] = rank
-    settings_out = {**s, "checkpoint": str(ck.path), "text": source, "model": cfg.kind, "tokens": tokens,
-                    "baseline_bits_per_char": round(base, 4), "seed": seed}
-    return LabResult("ablate", settings_out, records, reading(records, base, cfg.kind),
-                     Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost"), seconds=clock())
+    settings_out = {
+        **s,
+        "checkpoint": str(ck.path),
+        "text": source,
+        "model": cfg.kind,
+        "tokens": tokens,
+        "baseline_bits_per_char": round(base, 4),
+        "seed": seed,
+    }
+    return LabResult(
+        "ablate",
+        settings_out,
+        records,
+        reading(records, base, cfg.kind),
+        Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost"),
+        seconds=clock(),
+    )
 
 
 def _name(r: dict) -> str:
@@ -154,31 +176,52 @@ def reading(records: list[dict], base: float, kind: str) -> str:
     parts = [f"Intact, the {kind.upper() if kind != 'transformer' else 'Transformer'} scores {base:.3f} bits/char."]
     if kind == "transformer":
         harmless = [r for r in records if abs(r["damage"]) < 0.01]
-        parts.append(f"Knocking out {_name(top)} hurts most (+{top['damage']:.3f}), {_name(least)} least "
-                     f"({least['damage']:+.3f}); {len(harmless)} of {len(records)} heads cost under 0.01 bits/char "
-                     "when removed alone.")
+        parts.append(
+            f"Knocking out {_name(top)} hurts most (+{top['damage']:.3f}), {_name(least)} least "
+            f"({least['damage']:+.3f}); {len(harmless)} of {len(records)} heads cost under 0.01 bits/char "
+            "when removed alone."
+        )
         if len(records) > 1:
             second = records[1]["damage"]
-            parts.append(f"{_name(top)} matters most by far: removing it costs {top['damage'] / max(second, 1e-9):.1f}× "
-                         "what the next head costs." if top["damage"] > 2 * second else
-                         "No single head dominates: the damage is spread over several heads.")
+            parts.append(
+                f"{_name(top)} matters most by far: removing it costs {top['damage'] / max(second, 1e-9):.1f}× "
+                "what the next head costs."
+                if top["damage"] > 2 * second
+                else "No single head dominates: the damage is spread over several heads."
+            )
         return " ".join(parts)
-    parts.append(f"The worst single change is {_name(top)} (+{top['damage']:.3f} bits/char); "
-                 f"the mildest {_name(least)} ({least['damage']:+.3f}).")
+    parts.append(
+        f"The worst single change is {_name(top)} (+{top['damage']:.3f} bits/char); "
+        f"the mildest {_name(least)} ({least['damage']:+.3f})."
+    )
     forget = {(r["layer"], r["value"]): r["damage"] for r in records if r["part"] in ("forget", "update")}
     if forget:
         gate = "forget" if kind == "lstm" else "update"
-        open_, shut = [v for (l, val), v in forget.items() if val == 1.0], [v for (l, val), v in forget.items() if val == 0.0]
-        parts.append(f"Holding the {gate} gate at 1 (never forget) costs {np.mean(open_):+.3f} on average over the layers, "
-                     f"at 0 (forget every step) {np.mean(shut):+.3f}: "
-                     + ("losing the memory hurts more than never clearing it." if np.mean(shut) > np.mean(open_)
-                        else "never clearing the memory hurts more than losing it."))
+        open_, shut = (
+            [v for (l, val), v in forget.items() if val == 1.0],
+            [v for (l, val), v in forget.items() if val == 0.0],
+        )
+        parts.append(
+            f"Holding the {gate} gate at 1 (never forget) costs {np.mean(open_):+.3f} on average over the layers, "
+            f"at 0 (forget every step) {np.mean(shut):+.3f}: "
+            + (
+                "losing the memory hurts more than never clearing it."
+                if np.mean(shut) > np.mean(open_)
+                else "never clearing the memory hurts more than losing it."
+            )
+        )
     busy = [r["damage"] for r in records if "busiest" in r["part"]]
     calm = [r["damage"] for r in records if "random" in r["part"]]
     if busy and calm:
         gap = np.mean(busy) - np.mean(calm)
-        parts.append(f"Zeroing the busiest units costs {np.mean(busy):+.3f}, as many random ones {np.mean(calm):+.3f}"
-                     + (": the units the gate viewer shows first matter clearly more." if gap > 0.25 else
-                        ": the busiest units matter little more than random ones." if gap > 0 else
-                        ": the busiest units are no more important than random ones."))
+        parts.append(
+            f"Zeroing the busiest units costs {np.mean(busy):+.3f}, as many random ones {np.mean(calm):+.3f}"
+            + (
+                ": the units the gate viewer shows first matter clearly more."
+                if gap > 0.25
+                else ": the busiest units matter little more than random ones."
+                if gap > 0
+                else ": the busiest units are no more important than random ones."
+            )
+        )
     return " ".join(parts)

@@ -48,8 +48,15 @@ class LabResult:
     details: dict = field(default_factory=dict)  # what an experiment found beyond its table (e.g. the copy head)
 
     def to_dict(self) -> dict:
-        return {"experiment": self.experiment, "settings": self.settings, "results": self.results,
-                "reading": self.reading, "details": self.details, "runs": self.runs, "seconds": round(self.seconds, 1)}
+        return {
+            "experiment": self.experiment,
+            "settings": self.settings,
+            "results": self.results,
+            "reading": self.reading,
+            "details": self.details,
+            "runs": self.runs,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 class Clock:
@@ -62,8 +69,17 @@ class Clock:
 
 def lab_train_config(steps: int, seed: int, device: str, batch_size: int = 32, lr: float = 3e-3) -> TrainConfig:
     # one evaluation at the end (the lab scores its models itself); no samples
-    return TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(50, steps // 10), eval_interval=steps,
-                       eval_iters=4, sample_tokens=0, seed=seed, device=device)
+    return TrainConfig(
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=min(50, steps // 10),
+        eval_interval=steps,
+        eval_iters=4,
+        sample_tokens=0,
+        seed=seed,
+        device=device,
+    )
 
 
 def train_model(text: str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig) -> Path:
@@ -91,8 +107,13 @@ def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
     target = params_of(transformer)
     best = None
     for d in range(8, 4 * transformer.d_model + 1, 4):
-        cfg = ModelConfig(kind=kind, vocab_size=transformer.vocab_size, n_layers=transformer.n_layers, d_model=d,
-                          context=transformer.context)
+        cfg = ModelConfig(
+            kind=kind,
+            vocab_size=transformer.vocab_size,
+            n_layers=transformer.n_layers,
+            d_model=d,
+            context=transformer.context,
+        )
         gap = abs(params_of(cfg) - target)
         if best is None or gap < best[0]:
             best = (gap, cfg)
@@ -118,7 +139,9 @@ def accuracy(model, tokenizer, examples: list[Example]) -> float:
     return right / total
 
 
-def sweep(task: str, sizes, s: dict, context_for, out: Path, seed: int, device: str, progress) -> tuple[list[dict], dict]:
+def sweep(
+    task: str, sizes, s: dict, context_for, out: Path, seed: int, device: str, progress
+) -> tuple[list[dict], dict]:
     """Train a Transformer (settings s) and a same-size LSTM at each task size, with the same budget, and
     score each on fresh examples. Returns (records, run directory by (model, size))."""
     from charlm.lab import tasks
@@ -128,14 +151,24 @@ def sweep(task: str, sizes, s: dict, context_for, out: Path, seed: int, device: 
     jobs = [(n, kind) for n in sizes for kind in ("transformer", "lstm")]
     clock = Clock()
     for k, (n, kind) in enumerate(jobs, 1):
-        tf = ModelConfig(kind="transformer", vocab_size=tasks.vocab_size(task), n_layers=s["layers"],
-                         d_model=s["d_model"], n_heads=s["heads"], context=context_for(n))
+        tf = ModelConfig(
+            kind="transformer",
+            vocab_size=tasks.vocab_size(task),
+            n_layers=s["layers"],
+            d_model=s["d_model"],
+            n_heads=s["heads"],
+            context=context_for(n),
+        )
         cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
         name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}"
         progress(f"training {name} ({k}/{len(jobs)}, {params_of(cfg):,} parameters, {s['steps']} steps)")
         t0 = clock()
-        run_dir = train_model(tasks.corpus(task, n, s["train_chars"], seed + n), out / name, cfg,
-                              lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]))
+        run_dir = train_model(
+            tasks.corpus(task, n, s["train_chars"], seed + n),
+            out / name,
+            cfg,
+            lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]),
+        )
         seconds = clock() - t0
         ck = load_run(run_dir)
         acc = accuracy(ck.model, ck.tokenizer, tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n))

@@ -23,8 +23,17 @@ from charlm.lab.common import (
 )
 from charlm.models.probes import capture_attention
 
-DEFAULTS = dict(lengths=(5, 10, 20, 40), steps=500, d_model=32, layers=1, heads=2, batch_size=16, lr=1e-2,
-                train_chars=100_000, eval_examples=200)
+DEFAULTS = dict(
+    lengths=(5, 10, 20, 40),
+    steps=500,
+    d_model=32,
+    layers=1,
+    heads=2,
+    batch_size=16,
+    lr=1e-2,
+    train_chars=100_000,
+    eval_examples=200,
+)
 QUICK = dict(lengths=(16,), steps=250, eval_examples=100)
 CHANCE = 1 / len(tasks.SYMBOLS)
 
@@ -41,11 +50,23 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
     example = tasks.examples("copy", shown, 1, seed + 20_000)[0].text
     ck = load_run(Path(runs[("transformer", shown)]))
     layer, head, weight = copy_head(ck.model, ck.tokenizer, example, shown)
-    details = {"example": example, "length": shown, "transformer_run": runs[("transformer", shown)],
-               "lstm_run": runs[("lstm", shown)], "copy_head": {"layer": layer, "head": head, "weight": round(weight, 3)}}
-    return LabResult("copy", {**s, "lengths": list(s["lengths"]), "seed": seed, "device": device}, records,
-                     reading(records, details), Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy"),
-                     runs=list(runs.values()), seconds=clock(), details=details)
+    details = {
+        "example": example,
+        "length": shown,
+        "transformer_run": runs[("transformer", shown)],
+        "lstm_run": runs[("lstm", shown)],
+        "copy_head": {"layer": layer, "head": head, "weight": round(weight, 3)},
+    }
+    return LabResult(
+        "copy",
+        {**s, "lengths": list(s["lengths"]), "seed": seed, "device": device},
+        records,
+        reading(records, details),
+        Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy"),
+        runs=list(runs.values()),
+        seconds=clock(),
+        details=details,
+    )
 
 
 def _example_to_show(records: list[dict]) -> int:
@@ -79,28 +100,38 @@ def reading(records: list[dict], details: dict) -> str:
         else:
             parts.append(f"{label} copies N={', '.join(map(str, good))} (≥ 90%) but not {bad}; chance is {CHANCE:.0%}.")
         if any(acc[(kind, n)] < 0.9 and any(acc[(kind, m)] >= 0.9 for m in lengths if m > n) for n in lengths):
-            parts.append("Its failures are not about length: it copies a longer sequence than one it fails on. Within "
-                         "this budget its copy mechanism forms abruptly and not in every run (another --seed or more "
-                         "steps changes which).")
+            parts.append(
+                "Its failures are not about length: it copies a longer sequence than one it fails on. Within "
+                "this budget its copy mechanism forms abruptly and not in every run (another --seed or more "
+                "steps changes which)."
+            )
     lstm_better = [n for n in lengths if acc[("lstm", n)] > acc[("transformer", n)] + 0.05]
     tf_better = [n for n in lengths if acc[("transformer", n)] > acc[("lstm", n)] + 0.05]
     if tf_better and not lstm_better:
-        parts.append(f"Direct access wins wherever the two differ (N={', '.join(map(str, tf_better))}), as expected: "
-                     "the LSTM must squeeze N symbols through a fixed state, attention just looks back.")
+        parts.append(
+            f"Direct access wins wherever the two differ (N={', '.join(map(str, tf_better))}), as expected: "
+            "the LSTM must squeeze N symbols through a fixed state, attention just looks back."
+        )
     elif lstm_better:
-        parts.append(f"Contrary to the textbook expectation, the LSTM beats the Transformer at "
-                     f"N={', '.join(map(str, lstm_better))} with this budget: the Transformer has not found its copy "
-                     "head there yet (more steps usually fix that; the LSTM's limit is its state)."
-                     + (f" At N={', '.join(map(str, tf_better))} the Transformer is ahead." if tf_better else ""))
+        parts.append(
+            f"Contrary to the textbook expectation, the LSTM beats the Transformer at "
+            f"N={', '.join(map(str, lstm_better))} with this budget: the Transformer has not found its copy "
+            "head there yet (more steps usually fix that; the LSTM's limit is its state)."
+            + (f" At N={', '.join(map(str, tf_better))} the Transformer is ahead." if tf_better else "")
+        )
     else:
         parts.append("The two families score the same within 5 points at every N tried.")
     head = details["copy_head"]
     n = details["length"]
     where = f"layer {head['layer']} head {head['head']}"
     if head["weight"] >= 0.5:
-        parts.append(f"At N={n}, the Transformer's {where} puts {head['weight']:.0%} of its attention on the symbol "
-                     "N tokens back, the one to copy: the offset diagonal in its map.")
+        parts.append(
+            f"At N={n}, the Transformer's {where} puts {head['weight']:.0%} of its attention on the symbol "
+            "N tokens back, the one to copy: the offset diagonal in its map."
+        )
     else:
-        parts.append(f"At N={n} no head has found the offset yet: the closest, {where}, puts only "
-                     f"{head['weight']:.0%} of its attention on the symbol N tokens back.")
+        parts.append(
+            f"At N={n} no head has found the offset yet: the closest, {where}, puts only "
+            f"{head['weight']:.0%} of its attention on the symbol N tokens back."
+        )
     return " ".join(parts)

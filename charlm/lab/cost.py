@@ -16,8 +16,15 @@ from charlm.config import ModelConfig, preset
 from charlm.lab.common import Chart, Clock, LabResult, fit_exponent, params_of, record
 from charlm.models import build_model
 
-DEFAULTS = dict(contexts=(64, 128, 256, 512, 1024), tokens=32, recompute_tokens=4, train_batch=4, train_steps=2,
-                size="tiny", vocab=65)
+DEFAULTS = dict(
+    contexts=(64, 128, 256, 512, 1024),
+    tokens=32,
+    recompute_tokens=4,
+    train_batch=4,
+    train_steps=2,
+    size="tiny",
+    vocab=65,
+)
 QUICK = dict(contexts=(32, 64, 128, 256), tokens=8, recompute_tokens=2, train_steps=1)
 MODES = (("lstm", "state"), ("transformer", "cache"), ("transformer", "recompute"))
 
@@ -97,13 +104,20 @@ def run(out=None, seed: int = 0, device: str = "cpu", progress=print, **settings
             ms = train_step_ms(models[kind], T, s["train_batch"], s["train_steps"], gen)
             records.append(record(model=kind, mode="train step", context=T, ms_per_step=ms))
     exps = exponents(records)
-    details = {"exponents": exps, "params": {k: params_of(c) for k, c in cfgs.items()},
-               "threads": torch.get_num_threads()}
-    return LabResult("cost", {**s, "contexts": list(s["contexts"]), "seed": seed, "device": "cpu"}, records,
-                     reading(records, exps, details["params"]),
-                     Chart("context", "ms_per_token", "mode", "context T (tokens)", "ms per generated token",
-                           xlog=True, ylog=True),
-                     seconds=clock(), details=details)
+    details = {
+        "exponents": exps,
+        "params": {k: params_of(c) for k, c in cfgs.items()},
+        "threads": torch.get_num_threads(),
+    }
+    return LabResult(
+        "cost",
+        {**s, "contexts": list(s["contexts"]), "seed": seed, "device": "cpu"},
+        records,
+        reading(records, exps, details["params"]),
+        Chart("context", "ms_per_token", "mode", "context T (tokens)", "ms per generated token", xlog=True, ylog=True),
+        seconds=clock(),
+        details=details,
+    )
 
 
 def _series(records: list[dict], kind: str, mode: str, key: str) -> tuple[list, list]:
@@ -129,34 +143,52 @@ def reading(records: list[dict], exps: dict[str, float], params: dict[str, int])
         return next(r[key] for r in records if r["model"] == kind and r["mode"] == mode and r["context"] == T)
 
     k_state, k_cache, k_re = exps["lstm state"], exps["transformer cache"], exps["transformer recompute"]
-    parts = [(f"Per generated token, from T={lo} to T={hi}: the LSTM ({params['lstm']:,} parameters) grows as T^{k_state:.2f} "
-             f"({at('lstm', 'state', lo):.2f} → {at('lstm', 'state', hi):.2f} ms), the Transformer "
-             f"({params['transformer']:,}) with its KV cache as T^{k_cache:.2f} ({at('transformer', 'cache', lo):.2f} → "
-             f"{at('transformer', 'cache', hi):.2f} ms) and recomputing its window as T^{k_re:.2f} "
-             f"({at('transformer', 'recompute', lo):.1f} → {at('transformer', 'recompute', hi):.1f} ms).")]
+    parts = [
+        (
+            f"Per generated token, from T={lo} to T={hi}: the LSTM ({params['lstm']:,} parameters) grows as T^{k_state:.2f} "
+            f"({at('lstm', 'state', lo):.2f} → {at('lstm', 'state', hi):.2f} ms), the Transformer "
+            f"({params['transformer']:,}) with its KV cache as T^{k_cache:.2f} ({at('transformer', 'cache', lo):.2f} → "
+            f"{at('transformer', 'cache', hi):.2f} ms) and recomputing its window as T^{k_re:.2f} "
+            f"({at('transformer', 'recompute', lo):.1f} → {at('transformer', 'recompute', hi):.1f} ms)."
+        )
+    ]
     if k_re > k_cache + 0.3 and abs(k_state) < 0.3:
-        parts.append("That is the expected order: a fixed state costs the same at any length, the cache pays for "
-                     "reading its keys, recomputation pays for the whole window every time.")
+        parts.append(
+            "That is the expected order: a fixed state costs the same at any length, the cache pays for "
+            "reading its keys, recomputation pays for the whole window every time."
+        )
     else:
-        parts.append("That is not the textbook order (constant < linear < quadratic): at these sizes fixed per-call "
-                     "costs hide the growth, or the machine was too busy to time it cleanly.")
+        parts.append(
+            "That is not the textbook order (constant < linear < quadratic): at these sizes fixed per-call "
+            "costs hide the growth, or the machine was too busy to time it cleanly."
+        )
     if k_re < 1.5:
-        parts.append(f"Recomputation grows more slowly than T² (T^{k_re:.2f}): at these widths the per-token matrix "
-                     "products, linear in T, still outweigh the quadratic attention scores.")
+        parts.append(
+            f"Recomputation grows more slowly than T² (T^{k_re:.2f}): at these widths the per-token matrix "
+            "products, linear in T, still outweigh the quadratic attention scores."
+        )
     if k_cache < 0.5:
-        parts.append(f"The cached step grows only as T^{k_cache:.2f}: reading {hi} cached keys is still cheap next to "
-                     "the fixed work of one token.")
+        parts.append(
+            f"The cached step grows only as T^{k_cache:.2f}: reading {hi} cached keys is still cheap next to "
+            "the fixed work of one token."
+        )
     lstm_ms = [at("lstm", "state", T) for T in ts]
     cache_ms = [at("transformer", "cache", T) for T in ts]
     if all(a > b for a, b in zip(lstm_ms, cache_ms)):
         c = float(np.median(lstm_ms))
-        parts.append(f"In absolute terms the textbook picture is upside down here: at every T tried the LSTM's step is "
-                     f"slower than the Transformer's cached step (median {c:.1f} ms against {np.median(cache_ms):.1f} ms). "
-                     "A single-token call of PyTorch's fused LSTM carries a large fixed cost, while charlm's "
-                     "Transformer decodes one token in numpy.")
+        parts.append(
+            f"In absolute terms the textbook picture is upside down here: at every T tried the LSTM's step is "
+            f"slower than the Transformer's cached step (median {c:.1f} ms against {np.median(cache_ms):.1f} ms). "
+            "A single-token call of PyTorch's fused LSTM carries a large fixed cost, while charlm's "
+            "Transformer decodes one token in numpy."
+        )
     mem_lo, mem_hi = at("transformer", "cache", lo, "memory_kib"), at("transformer", "cache", hi, "memory_kib")
-    parts.append(f"Memory carried to the next token: the LSTM's state stays at {at('lstm', 'state', hi, 'memory_kib'):.0f} KiB; "
-                 f"the KV cache grows from {mem_lo:.0f} to {mem_hi:.0f} KiB.")
-    parts.append(f"A training step grows as T^{exps['lstm train step']:.2f} for the LSTM and "
-                 f"T^{exps['transformer train step']:.2f} for the Transformer.")
+    parts.append(
+        f"Memory carried to the next token: the LSTM's state stays at {at('lstm', 'state', hi, 'memory_kib'):.0f} KiB; "
+        f"the KV cache grows from {mem_lo:.0f} to {mem_hi:.0f} KiB."
+    )
+    parts.append(
+        f"A training step grows as T^{exps['lstm train step']:.2f} for the LSTM and "
+        f"T^{exps['transformer train step']:.2f} for the Transformer."
+    )
     return " ".join(parts)

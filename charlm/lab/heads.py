@@ -65,10 +65,20 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
             ent = float(np.mean(-np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1)), 0), axis=1)))
             k = layer * H + head
             near = int(np.argmax(sim[k])) if L * H > 1 else k
-            out.append(record(layer=layer, head=head, head_id=k, previous=prev, induction=ind, distance=dist,
-                              entropy=ent, nearest=f"L{near // H}H{near % H}",
-                              cosine=float(sim[k, near]) if L * H > 1 else 1.0,
-                              role=role(prev, ind, dist, ent, uniform_entropy)))
+            out.append(
+                record(
+                    layer=layer,
+                    head=head,
+                    head_id=k,
+                    previous=prev,
+                    induction=ind,
+                    distance=dist,
+                    entropy=ent,
+                    nearest=f"L{near // H}H{near % H}",
+                    cosine=float(sim[k, near]) if L * H > 1 else 1.0,
+                    role=role(prev, ind, dist, ent, uniform_entropy),
+                )
+            )
     return out
 
 
@@ -88,15 +98,21 @@ def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None 
     clock = Clock()
     ck = load_run(ckpt)
     if not getattr(ck.model, "has_attention", False):
-        raise ConfigError(f"{ckpt} is an {ck.model_config.kind.upper()}: it has no attention heads; "
-                          "try charlm lab ablate for its gates")
+        raise ConfigError(
+            f"{ckpt} is an {ck.model_config.kind.upper()}: it has no attention heads; "
+            "try charlm lab ablate for its gates"
+        )
     P = period or min(64, ck.model_config.context // 2)
     _, weights = capture_attention(ck.model, probe_ids(ck.tokenizer, P, seed))
     records = score_heads(weights, P)
-    return LabResult("heads", {"checkpoint": str(ck.path), "period": P, "seed": seed}, records,
-                     reading(records, P),
-                     Chart("head_id", ("previous", "induction"), None, "head (layer × heads + head)", "score"),
-                     seconds=clock())
+    return LabResult(
+        "heads",
+        {"checkpoint": str(ck.path), "period": P, "seed": seed},
+        records,
+        reading(records, P),
+        Chart("head_id", ("previous", "induction"), None, "head (layer × heads + head)", "score"),
+        seconds=clock(),
+    )
 
 
 def reading(records: list[dict], period: int) -> str:
@@ -111,16 +127,24 @@ def reading(records: list[dict], period: int) -> str:
     best_ind = max(records, key=lambda r: r["induction"])
     best_prev = max(records, key=lambda r: r["previous"])
     far = max(records, key=lambda r: r["distance"])
-    parts.append(f"the strongest induction score is {name(best_ind)}'s {best_ind['induction']:.2f} "
-                 f"(uniform attention would give about {1 / period:.2f}), the strongest previous-token score "
-                 f"{name(best_prev)}'s {best_prev['previous']:.2f}, and {name(far)} looks furthest back "
-                 f"({far['distance']:.1f} tokens on average).")
+    parts.append(
+        f"the strongest induction score is {name(best_ind)}'s {best_ind['induction']:.2f} "
+        f"(uniform attention would give about {1 / period:.2f}), the strongest previous-token score "
+        f"{name(best_prev)}'s {best_prev['previous']:.2f}, and {name(far)} looks furthest back "
+        f"({far['distance']:.1f} tokens on average)."
+    )
     if not any(r["role"] == "induction" for r in records):
-        parts.append("No head copies what followed the last occurrence: this model has no induction head "
-                     "(one needs two layers, a previous-token head feeding it, and enough training).")
+        parts.append(
+            "No head copies what followed the last occurrence: this model has no induction head "
+            "(one needs two layers, a previous-token head feeding it, and enough training)."
+        )
     twins = [r for r in records if r["cosine"] >= 0.9]
     if twins:
-        parts.append(f"{len(twins)} head(s) attend almost like another one (cosine ≥ 0.9), e.g. "
-                     f"{name(twins[0])} and {twins[0]['nearest']}: candidates for pruning.")
-    parts.append(f"Draw one with: charlm attn CKPT --prompt TEXT --layer {best_ind['layer']} --head {best_ind['head']}.")
+        parts.append(
+            f"{len(twins)} head(s) attend almost like another one (cosine ≥ 0.9), e.g. "
+            f"{name(twins[0])} and {twins[0]['nearest']}: candidates for pruning."
+        )
+    parts.append(
+        f"Draw one with: charlm attn CKPT --prompt TEXT --layer {best_ind['layer']} --head {best_ind['head']}."
+    )
     return " ".join(parts)

@@ -29,8 +29,19 @@ from charlm.lab.common import (
 )
 from charlm.models import build_model
 
-DEFAULTS = dict(length=10, context=32, windows=(1, 2, 4), steps=500, d_model=32, layers=1, heads=2, batch_size=16,
-                lr=1e-2, train_chars=100_000, eval_chars=8192)
+DEFAULTS = dict(
+    length=10,
+    context=32,
+    windows=(1, 2, 4),
+    steps=500,
+    d_model=32,
+    layers=1,
+    heads=2,
+    batch_size=16,
+    lr=1e-2,
+    train_chars=100_000,
+    eval_chars=8192,
+)
 QUICK = dict(windows=(1, 2), steps=150, train_chars=30_000, eval_chars=2048)
 
 
@@ -63,11 +74,20 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
     fresh = tasks.corpus("copy", s["length"], s["eval_chars"], seed + 10_000)
     records, runs = [], []
     for k, pos in enumerate(POSITIONS, 1):
-        cfg = ModelConfig(kind="transformer", vocab_size=tasks.vocab_size("copy"), n_layers=s["layers"],
-                          d_model=s["d_model"], n_heads=s["heads"], context=s["context"], positions=pos)
+        cfg = ModelConfig(
+            kind="transformer",
+            vocab_size=tasks.vocab_size("copy"),
+            n_layers=s["layers"],
+            d_model=s["d_model"],
+            n_heads=s["heads"],
+            context=s["context"],
+            positions=pos,
+        )
         name = f"positions-{pos}-c{s['context']}"
         progress(f"training {name} ({k}/{len(POSITIONS)}, {s['steps']} steps)")
-        run_dir = train_model(text, out / name, cfg, lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]))
+        run_dir = train_model(
+            text, out / name, cfg, lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"])
+        )
         runs.append(str(run_dir))
         ck = load_run(run_dir)
         ids = np.asarray(ck.tokenizer.encode(fresh), dtype=np.int64)
@@ -75,12 +95,20 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
             window = m * s["context"]
             model = ck.model if m == 1 else widened(ck.model, window)
             bits = window_bits(model, ids, window) if model is not None else None
-            records.append(record(positions=pos, window=window, bits_per_char=bits,
-                                  val_bits_per_char=_rounded(ck.saved.best_val_bpc)))
-    return LabResult("positions", {**s, "windows": list(s["windows"]), "seed": seed, "device": device,
-                                   "variants": list(POSITIONS)}, records, reading(records, s),
-                     Chart("window", "bits_per_char", "positions", "window (tokens)", "bits/char", xlog=True),
-                     runs=runs, seconds=clock())
+            records.append(
+                record(
+                    positions=pos, window=window, bits_per_char=bits, val_bits_per_char=_rounded(ck.saved.best_val_bpc)
+                )
+            )
+    return LabResult(
+        "positions",
+        {**s, "windows": list(s["windows"]), "seed": seed, "device": device, "variants": list(POSITIONS)},
+        records,
+        reading(records, s),
+        Chart("window", "bits_per_char", "positions", "window (tokens)", "bits/char", xlog=True),
+        runs=runs,
+        seconds=clock(),
+    )
 
 
 def _label(p: str) -> str:
@@ -94,14 +122,18 @@ def reading(records: list[dict], s: dict) -> str:
     order = sorted(POSITIONS, key=lambda p: inside[p])
     # the floor: the first half of each example is random (log2 of the symbols), the copied half is free
     floor = math.log2(len(tasks.SYMBOLS)) * s["length"] / (2 * s["length"] + 2)
-    parts = [f"Within the training context ({C} tokens) the order is "
-             + ", ".join(f"{p} {inside[p]:.3f}" for p in order)
-             + f" bits/char (a perfect copier scores about {floor:.2f}: the first half of each line is random)."]
+    parts = [
+        f"Within the training context ({C} tokens) the order is "
+        + ", ".join(f"{p} {inside[p]:.3f}" for p in order)
+        + f" bits/char (a perfect copier scores about {floor:.2f}: the first half of each line is random)."
+    ]
     unigram = math.log2(len(tasks.SYMBOLS))
     idle = [p for p in POSITIONS if inside[p] > floor + 0.75 * (unigram - floor)]
     if idle:
-        parts.append(f"{', '.join(idle).capitalize()} {'has' if len(idle) == 1 else 'have'} barely started to copy with this budget "
-                     f"(guessing every symbol costs {unigram:.2f}), so the longer windows test little there.")
+        parts.append(
+            f"{', '.join(idle).capitalize()} {'has' if len(idle) == 1 else 'have'} barely started to copy with this budget "
+            f"(guessing every symbol costs {unigram:.2f}), so the longer windows test little there."
+        )
     beyond = sorted({r["window"] for r in records if r["window"] > C})
     for p in POSITIONS if beyond else ():
         if at[(p, beyond[0])] is None:
@@ -112,12 +144,16 @@ def reading(records: list[dict], s: dict) -> str:
     if beyond and "rope" in POSITIONS and "rope" not in idle:  # (an idle model has nothing to carry over)
         w = beyond[-1]
         if at[("rope", w)] <= inside["rope"] + 0.1:
-            parts.append("RoPE encodes only the distance between two tokens, and copying needs only a distance, "
-                         f"so it carries over to {w} tokens, as expected.")
+            parts.append(
+                "RoPE encodes only the distance between two tokens, and copying needs only a distance, "
+                f"so it carries over to {w} tokens, as expected."
+            )
         else:
-            parts.append(f"Contrary to the usual claim that RoPE extrapolates, it does not hold at {w} tokens: it encodes "
-                         f"only distances, but a longer window brings keys more than {C} tokens back, distances the "
-                         "model never saw in training, and they draw attention away from the symbol to copy.")
+            parts.append(
+                f"Contrary to the usual claim that RoPE extrapolates, it does not hold at {w} tokens: it encodes "
+                f"only distances, but a longer window brings keys more than {C} tokens back, distances the "
+                "model never saw in training, and they draw attention away from the symbol to copy."
+            )
     return " ".join(parts)
 
 

@@ -12,8 +12,17 @@ from pathlib import Path
 from charlm.lab import tasks
 from charlm.lab.common import Chart, Clock, LabResult, sweep
 
-DEFAULTS = dict(pairs=(2, 4, 8), steps=600, d_model=32, layers=2, heads=2, batch_size=16, lr=1e-2,
-                train_chars=100_000, eval_examples=300)
+DEFAULTS = dict(
+    pairs=(2, 4, 8),
+    steps=600,
+    d_model=32,
+    layers=2,
+    heads=2,
+    batch_size=16,
+    lr=1e-2,
+    train_chars=100_000,
+    eval_examples=300,
+)
 QUICK = dict(pairs=(2,), steps=300, train_chars=30_000, eval_examples=200)
 CHANCE = 1 / len(tasks.VALUES)
 
@@ -26,9 +35,15 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
     s = {**DEFAULTS, **settings}
     clock = Clock()
     records, runs = sweep("recall", s["pairs"], s, context_for, out, seed, device, progress)
-    return LabResult("recall", {**s, "pairs": list(s["pairs"]), "seed": seed, "device": device}, records,
-                     reading(records), Chart("pairs", "accuracy", "model", "P (key-value pairs)", "accuracy"),
-                     runs=list(runs.values()), seconds=clock())
+    return LabResult(
+        "recall",
+        {**s, "pairs": list(s["pairs"]), "seed": seed, "device": device},
+        records,
+        reading(records),
+        Chart("pairs", "accuracy", "model", "P (key-value pairs)", "accuracy"),
+        runs=list(runs.values()),
+        seconds=clock(),
+    )
 
 
 def reading(records: list[dict]) -> str:
@@ -44,14 +59,18 @@ def reading(records: list[dict]) -> str:
     if tf_better and not lstm_better:
         parts.append(f"Attention wins at P={', '.join(map(str, tf_better))}, as expected of content-addressed lookup.")
     elif lstm_better:
-        parts.append(f"Contrary to the textbook expectation, the LSTM does better at P={', '.join(map(str, lstm_better))} "
-                     "with this budget: the Transformer has not formed its lookup circuit there (it usually appears "
-                     "abruptly, after more steps).")
+        parts.append(
+            f"Contrary to the textbook expectation, the LSTM does better at P={', '.join(map(str, lstm_better))} "
+            "with this budget: the Transformer has not formed its lookup circuit there (it usually appears "
+            "abruptly, after more steps)."
+        )
     else:
         parts.append("The two score alike (within 5 points) at every P tried.")
     for kind, label in (("lstm", "LSTM"), ("transformer", "Transformer")):
         near_chance = [p for p in pairs if acc[(kind, p)] < CHANCE + 0.1]
         if near_chance:
-            parts.append(f"The {label} is near chance at P={', '.join(map(str, near_chance))}: it learned nothing "
-                         "usable about the pairs there.")
+            parts.append(
+                f"The {label} is near chance at P={', '.join(map(str, near_chance))}: it learned nothing "
+                "usable about the pairs there."
+            )
     return " ".join(parts)

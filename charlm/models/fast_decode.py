@@ -27,8 +27,17 @@ class FastDecoder:
         self.cfg, self.cache = model.cfg, cache
         self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), _np(model.head.weight), _norm_args(model.norm)
         self.k, self.v = _np(cache.k)[:, 0], _np(cache.v)[:, 0]  # (L, nh, slots, hs): batch row 0
-        self.layers = [(_norm_args(b.norm1), _np(b.attn.qkv.weight), _np(b.attn.proj.weight), _norm_args(b.norm2),
-                        _np(b.mlp.fc.weight), _np(b.mlp.proj.weight)) for b in model.blocks]
+        self.layers = [
+            (
+                _norm_args(b.norm1),
+                _np(b.attn.qkv.weight),
+                _np(b.attn.proj.weight),
+                _norm_args(b.norm2),
+                _np(b.mlp.fc.weight),
+                _np(b.mlp.proj.weight),
+            )
+            for b in model.blocks
+        ]
         self.pos_table = self.rope = None
         if model.cfg.positions == "learned":
             self.pos_table = _np(model.pos_emb.weight)
@@ -42,8 +51,13 @@ class FastDecoder:
     def supports(model: nn.Module) -> bool:
         """The conditions under which step() computes what forward() would."""
         w = model.tok_emb.weight
-        return (isinstance(model, Transformer) and not model.training and not torch.is_grad_enabled()
-                and w.device.type == "cpu" and w.dtype == torch.float32)
+        return (
+            isinstance(model, Transformer)
+            and not model.training
+            and not torch.is_grad_enabled()
+            and w.device.type == "cpu"
+            and w.dtype == torch.float32
+        )
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the

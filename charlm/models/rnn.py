@@ -34,8 +34,13 @@ class RNN(nn.Module):
         layer = {"lstm": nn.LSTM, "gru": nn.GRU}[cfg.kind]
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.rnn = layer(cfg.d_model, cfg.d_model, num_layers=cfg.n_layers, batch_first=True,
-                         dropout=cfg.dropout if cfg.n_layers > 1 else 0.0)
+        self.rnn = layer(
+            cfg.d_model,
+            cfg.d_model,
+            num_layers=cfg.n_layers,
+            batch_first=True,
+            dropout=cfg.dropout if cfg.n_layers > 1 else 0.0,
+        )
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
         if cfg.kind == "lstm":  # forget-gate bias 1: remember by default at the start of training
             for name, p in self.rnn.named_parameters():

@@ -27,8 +27,17 @@ class KVCache:
     every kept key at its true distance, never more than the context the model was trained on.
     """
 
-    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int, slots: int, device, dtype,
-                 rolling: bool = False):
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_heads: int,
+        head_dim: int,
+        slots: int,
+        device,
+        dtype,
+        rolling: bool = False,
+    ):
         shape = (n_layers, batch_size, n_heads, slots, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -199,8 +208,16 @@ class Transformer(nn.Module):
         c = self.cfg
         if rolling and c.positions != "rope":
             raise ValueError(f"a rolling cache needs relative positions (rope), not {c.positions}")
-        return KVCache(c.n_layers, batch_size, c.n_heads, c.d_model // c.n_heads, c.context,
-                       device or p.device, dtype or p.dtype, rolling)
+        return KVCache(
+            c.n_layers,
+            batch_size,
+            c.n_heads,
+            c.d_model // c.n_heads,
+            c.context,
+            device or p.device,
+            dtype or p.dtype,
+            rolling,
+        )
 
     def forward(self, idx, targets=None, cache: KVCache | None = None, attn: list | None = None):
         B, T = idx.size()

@@ -27,8 +27,23 @@ from rich.text import Text
 
 from charlm.config import ConfigError
 from charlm.models.probes import HeadStats, capture_attention, head_stats
-from charlm.views.heatmap import (ASCII_PROSE, MAX_HEADER, MAX_LABEL, clip_label, fit_map, heatmap_lines, legend, level_style, pad,
-                                  print_blocks, ramp, shade_index, token_label, use_ascii, window)
+from charlm.views.heatmap import (
+    ASCII_PROSE,
+    MAX_HEADER,
+    MAX_LABEL,
+    clip_label,
+    fit_map,
+    heatmap_lines,
+    legend,
+    level_style,
+    pad,
+    print_blocks,
+    ramp,
+    shade_index,
+    token_label,
+    use_ascii,
+    window,
+)
 
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -128,8 +143,9 @@ def _title(layer: int, head: int | None, n_heads: int) -> str:
     return f"layer {layer}, head {head}" if head is not None else f"layer {layer}, mean of {n_heads} heads"
 
 
-def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions,
-              ascii: bool, title: str) -> list[Text]:
+def map_lines(
+    tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions, ascii: bool, title: str
+) -> list[Text]:
     """The heat map of one (T, T) weight matrix, fitted to `width` cells."""
     labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
     digits = len(str(len(ids) - 1))
@@ -148,16 +164,28 @@ def map_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int,
     # row that mostly looks off-screen stays faint
     row_max = w[a:b, :b].max(axis=1)
     vmax = row_max if opts.scale == "row" else 1.0
-    row_labels = [pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
-                  for p in range(start, stop)]
+    row_labels = [
+        pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
+        for p in range(start, stop)
+    ]
     notes = [f" {m:.2f}" for m in row_max]
     # the legend first: what the shades mean stays on screen above the map, never scrolls away below it
-    what = ("each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1")
-    lines = [legend(ascii, "1" if opts.scale == "abs" else "row max", what),
-             Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
-             Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim")]
-    lines += heatmap_lines(values, row_labels, [labels[p - offset] for p in range(start, stop)],
-                           vmax=vmax, drawn=drawn, ascii=ascii, cell=cell, row_notes=notes)
+    what = "each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1"
+    lines = [
+        legend(ascii, "1" if opts.scale == "abs" else "row max", what),
+        Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
+        Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"),
+    ]
+    lines += heatmap_lines(
+        values,
+        row_labels,
+        [labels[p - offset] for p in range(start, stop)],
+        vmax=vmax,
+        drawn=drawn,
+        ascii=ascii,
+        cell=cell,
+        row_notes=notes,
+    )
     if start > 0 or stop < len(ids):
         lines.append(Text(f"showing tokens {start}..{stop - 1}; {_move_hint(opts)}", style="dim"))
     return lines
@@ -167,8 +195,9 @@ def _move_hint(opts: AttnOptions) -> str:
     return "move with --end N, size with --tokens N" if opts.flags else "move with end N, size with tokens N"
 
 
-def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, width: int, opts: AttnOptions,
-                   ascii: bool) -> list[Text]:
+def overview_lines(
+    tokenizer, ids: list[int], offset: int, weights: np.ndarray, width: int, opts: AttnOptions, ascii: bool
+) -> list[Text]:
     """Every head as a small map of the last tokens, one row of maps per layer (wrapped to the width)."""
     L, H = weights.shape[:2]
     gap = 2
@@ -210,8 +239,14 @@ def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, 
             out += block
     text = "".join(token_label(tokenizer, t, ascii) for t in ids[start:stop])
     out.append(Text("text: ", style="dim") + Text(clip_label(text, max(1, width - 6), ascii)))
-    out.insert(1, Text("d: mean distance looked back (tokens) · a bright diagonal is a local head, "
-                       "spread-out columns a global one", style="dim"))
+    out.insert(
+        1,
+        Text(
+            "d: mean distance looked back (tokens) · a bright diagonal is a local head, "
+            "spread-out columns a global one",
+            style="dim",
+        ),
+    )
     out += [_extremes(list(stats.values()))]
     return out
 
@@ -219,8 +254,11 @@ def overview_lines(tokenizer, ids: list[int], offset: int, weights: np.ndarray, 
 def _extremes(stats: list[HeadStats]) -> Text:
     local = min(stats, key=lambda s: s.distance)
     far = max(stats, key=lambda s: s.distance)
-    return Text(f"most local: L{local.layer}H{local.head} (looks {local.distance:.1f} tokens back) · "
-                f"most global: L{far.layer}H{far.head} (looks {far.distance:.1f} tokens back)", style="bold")
+    return Text(
+        f"most local: L{local.layer}H{local.head} (looks {local.distance:.1f} tokens back) · "
+        f"most global: L{far.layer}H{far.head} (looks {far.distance:.1f} tokens back)",
+        style="bold",
+    )
 
 
 def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table, Text]:
@@ -228,10 +266,13 @@ def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table,
     local = min(stats, key=lambda s: s.distance)
     far = max(stats, key=lambda s: s.distance)
     # narrow headers, so the table keeps one line per head at 60 columns; the legend line says what they mean
-    table = Table(title=f"attention heads over {n_tokens} tokens", title_justify="left",
-                  box=box.ASCII if ascii else box.SIMPLE_HEAD,
-                  caption=Text(STATS_LEGEND.translate(ASCII_PROSE) if ascii else STATS_LEGEND, style="dim"),
-                  caption_justify="left")
+    table = Table(
+        title=f"attention heads over {n_tokens} tokens",
+        title_justify="left",
+        box=box.ASCII if ascii else box.SIMPLE_HEAD,
+        caption=Text(STATS_LEGEND.translate(ASCII_PROSE) if ascii else STATS_LEGEND, style="dim"),
+        caption_justify="left",
+    )
     table.add_column("head", no_wrap=True)
     table.add_column("entropy", justify="right", no_wrap=True)
     table.add_column("distance", justify="right", no_wrap=True)
@@ -240,14 +281,22 @@ def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table,
     for s in stats:
         where = {0: "itself", 1: "previous"}.get(s.offset, f"{s.offset} back")
         tag = "most local" if s is local else "most global" if s is far else ""
-        table.add_row(f"L{s.layer}H{s.head}", f"{s.entropy:.2f}", f"{s.distance:.1f}",
-                      f"{where} {s.offset_share:.0%}", tag, style="bold" if tag else None)
+        table.add_row(
+            f"L{s.layer}H{s.head}",
+            f"{s.entropy:.2f}",
+            f"{s.distance:.1f}",
+            f"{where} {s.offset_share:.0%}",
+            tag,
+            style="bold" if tag else None,
+        )
     return table, _extremes(stats)
 
 
-STATS_LEGEND = ("entropy (bits): low = focused on a few tokens, high = spread out (diffuse) · distance: tokens looked "
-                "back, on average · top key: where each token's strongest key most often is (previous = the token "
-                "just before it) and how often")
+STATS_LEGEND = (
+    "entropy (bits): low = focused on a few tokens, high = spread out (diffuse) · distance: tokens looked "
+    "back, on average · top key: where each token's strongest key most often is (previous = the token "
+    "just before it) and how often"
+)
 
 
 def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
@@ -272,20 +321,25 @@ def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
                 if end > last:
                     return offset + p
         if offset and focus.encode("utf-8") in b"".join(tokenizer.token_bytes(t) for t in ids):
-            raise ConfigError(f"'{focus}' is only in the text before the last {len(ids) - offset} tokens, which the "
-                              f"model sees: give a position ({offset}..{len(ids) - 1}) or later text")
+            raise ConfigError(
+                f"'{focus}' is only in the text before the last {len(ids) - offset} tokens, which the "
+                f"model sees: give a position ({offset}..{len(ids) - 1}) or later text"
+            ) from None
         shown = sorted({token_label(tokenizer, t) for t in ids[offset:]})
         near = difflib.get_close_matches(focus, shown, n=5, cutoff=0.3)
         hint = f"; nearest tokens: {', '.join(repr(t) for t in near)}" if near else ""
-        raise ConfigError(f"no '{focus}' in the text the model sees{hint}; or give a position ({offset}..{len(ids) - 1})")
+        raise ConfigError(
+            f"no '{focus}' in the text the model sees{hint}; or give a position ({offset}..{len(ids) - 1})"
+        ) from None
     pos = pos if pos >= 0 else len(ids) + pos
     if not offset <= pos < len(ids):
         raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
     return pos
 
 
-def focus_lines(tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions,
-                ascii: bool, title: str) -> list[Text]:
+def focus_lines(
+    tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions, ascii: bool, title: str
+) -> list[Text]:
     """For one query token: the text before it shaded by attention, then its top keys as bars."""
     q = _resolve_focus(tokenizer, ids, offset, opts.focus)
     row = w[q - offset, : q - offset + 1]  # the keys it could see
@@ -332,8 +386,9 @@ def _bar(fraction: float, width: int, ascii: bool) -> str:
     return "█" * (eighths // 8) + (BAR_EIGHTHS[eighths % 8] if eighths % 8 else "")
 
 
-def attention_blocks(tokenizer, ids: list[int], offset: int, weights: np.ndarray, opts: AttnOptions, width: int,
-                     ascii: bool) -> list[list]:
+def attention_blocks(
+    tokenizer, ids: list[int], offset: int, weights: np.ndarray, opts: AttnOptions, width: int, ascii: bool
+) -> list[list]:
     """The views chosen in opts, laid out: one block (a list of Text lines or tables) per view."""
     n_layers, n_heads = weights.shape[:2]
     layer, head = _check_choice(opts, n_layers, n_heads)

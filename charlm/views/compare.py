@@ -105,7 +105,6 @@ class CompareView:
     def last_seed(self):
         return self.comparison.last_seed
 
-
     def panels(self):
         panels = []
         for p in self.players:
@@ -178,10 +177,19 @@ class CompareView:
             rows.append(row)
         # the best of each measured column (params, steps and time describe the runs); a timing only when
         # it stands out of the noise
-        best = [_fastest([r[i][0] for r in rows]) if c in ("tok/s", "chars/s") else
-                _best([r[i][0] for r in rows], 0.5 if c == "TTFT" else 0.0) for i, c in enumerate(cols)]
-        cells = [[Text(text + ("*" if i == best[c] and plain else ""), style="bold green" if i == best[c] else "")
-                  for c, (_, text) in enumerate(row)] for i, row in enumerate(rows)]
+        best = [
+            _fastest([r[i][0] for r in rows])
+            if c in ("tok/s", "chars/s")
+            else _best([r[i][0] for r in rows], 0.5 if c == "TTFT" else 0.0)
+            for i, c in enumerate(cols)
+        ]
+        cells = [
+            [
+                Text(text + ("*" if i == best[c] and plain else ""), style="bold green" if i == best[c] else "")
+                for c, (_, text) in enumerate(row)
+            ]
+            for i, row in enumerate(rows)
+        ]
         return cols, cells
 
     def notes_lines(self) -> list[str]:
@@ -190,13 +198,18 @@ class CompareView:
         lines = ["val bpc: best validation bits/char in training (each on its own corpus)"]
         if self.eval_path is not None:
             lines.append(safe_text(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file"))
-        lines.append(f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
-                     f"temperature {s.temperature:g}" + (f" · top-k {s.top_k}" if s.top_k else "")
-                     + (f" · top-p {s.top_p:g}" if s.top_p < 1 else "")
-                     + (f" · repetition penalty {s.repetition_penalty:g}" if s.repetition_penalty != 1 else ""))
+        lines.append(
+            f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
+            f"temperature {s.temperature:g}"
+            + (f" · top-k {s.top_k}" if s.top_k else "")
+            + (f" · top-p {s.top_p:g}" if s.top_p < 1 else "")
+            + (f" · repetition penalty {s.repetition_penalty:g}" if s.repetition_penalty != 1 else "")
+        )
         mark = "marked *" if not self.console.is_terminal else "in green"
-        lines.append(f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "
-                     "of the run beats every other's fastest, TTFT when half of every other's")
+        lines.append(
+            f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "
+            "of the run beats every other's fastest, TTFT when half of every other's"
+        )
         return lines
 
     def table(self) -> Table:
@@ -249,13 +262,21 @@ class CompareRepl(Session):
         self.view = view
 
     def banner(self) -> None:
-        self.console.print(Text("type a prompt: every model continues it · /help for commands · "
-                                f"Ctrl-C stops a generation · {LEAVE_HINT}", style="dim"), soft_wrap=True)
+        self.console.print(
+            Text(
+                "type a prompt: every model continues it · /help for commands · "
+                f"Ctrl-C stops a generation · {LEAVE_HINT}",
+                style="dim",
+            ),
+            soft_wrap=True,
+        )
 
     def own_command(self, name: str, rest: str) -> None:
         if name in self.CHAT_ONLY:
-            raise Hint(f"{name} works on one model's running text: use it in 'charlm chat CKPT'; "
-                       "compare -i has /set, /help and /bye")
+            raise Hint(
+                f"{name} works on one model's running text: use it in 'charlm chat CKPT'; "
+                "compare -i has /set, /help and /bye"
+            )
         super().own_command(name, rest)
 
     def generate(self, prompt: str) -> None:

@@ -23,10 +23,17 @@ class EvalProgress:
         self.progress: Progress | None = None
         self.task = None
 
-    def __enter__(self) -> "EvalProgress":
+    def __enter__(self) -> EvalProgress:
         if self.console.is_terminal:
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("tokens"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("tokens"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.progress.start()
         return self
 
@@ -44,8 +51,14 @@ class EvalProgress:
 
 def eval_summary(ckpt: Checkpoint, path, result: EvalResult) -> dict:
     """What `charlm eval --json` prints."""
-    return {"checkpoint": str(ckpt.path), "run": ckpt.name, "model": ckpt.model_config.kind,
-            "tokenizer": ckpt.tokenizer.kind, "file": str(path), **result.to_dict()}
+    return {
+        "checkpoint": str(ckpt.path),
+        "run": ckpt.name,
+        "model": ckpt.model_config.kind,
+        "tokenizer": ckpt.tokenizer.kind,
+        "file": str(path),
+        **result.to_dict(),
+    }
 
 
 def render_eval(console: Console, ckpt: Checkpoint, path, result: EvalResult) -> None:
@@ -57,9 +70,15 @@ def render_eval(console: Console, ckpt: Checkpoint, path, result: EvalResult) ->
     table.add_row("bits/byte", f"{result.bits_per_byte:.4f}")
     table.add_row("loss", f"{result.loss:.4f} nats/token · perplexity {result.perplexity:.2f}")
     table.add_row("scored", f"{result.tokens:,} tokens · {result.chars:,} chars · {result.bytes:,} bytes")
-    how = "one pass, state carried" if result.stride is None else f"windows of {ckpt.model_config.context}, stride {result.stride}"
+    how = (
+        "one pass, state carried"
+        if result.stride is None
+        else f"windows of {ckpt.model_config.context}, stride {result.stride}"
+    )
     table.add_row("model", f"{ckpt.model_config.kind} · {ckpt.tokenizer.kind} tokenizer · {how}")
     table.add_row("time", f"{result.seconds:.1f}s ({result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s)")
     if result.unknown_dropped:
-        table.add_row("dropped", Text(f"{result.unknown_dropped:,} characters this model never saw (not scored)", style="yellow"))
+        table.add_row(
+            "dropped", Text(f"{result.unknown_dropped:,} characters this model never saw (not scored)", style="yellow")
+        )
     console.print(table)

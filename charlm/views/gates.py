@@ -18,8 +18,18 @@ from rich.text import Text
 
 from charlm.config import ConfigError
 from charlm.models.probes import LayerTrace, trace_gates
-from charlm.views.heatmap import (MAX_HEADER, fit_map, heatmap_lines, legend, pad, print_blocks, signed_legend,
-                                  spark_line, token_label, use_ascii)
+from charlm.views.heatmap import (
+    MAX_HEADER,
+    fit_map,
+    heatmap_lines,
+    legend,
+    pad,
+    print_blocks,
+    signed_legend,
+    spark_line,
+    token_label,
+    use_ascii,
+)
 
 DEFAULT_UNITS = 8
 
@@ -31,11 +41,15 @@ HELP = """/gates                 the last layer: the 8 units whose gates change 
 add: tokens N · end N (show the tokens before position N) · ascii (plain characters)"""
 
 PANELS = {  # (gate, title) in the order drawn
-    "lstm": [("forget", "forget gate f: 1 keeps the cell's value, 0 erases it"),
-             ("input", "input gate i: how much new value is written"),
-             ("output", "output gate o: how much of the cell is shown")],
-    "gru": [("update", "update gate z: 1 keeps the old state, 0 replaces it"),
-            ("reset", "reset gate r: 0 ignores the old state when proposing a new one")],
+    "lstm": [
+        ("forget", "forget gate f: 1 keeps the cell's value, 0 erases it"),
+        ("input", "input gate i: how much new value is written"),
+        ("output", "output gate o: how much of the cell is shown"),
+    ],
+    "gru": [
+        ("update", "update gate z: 1 keeps the old state, 0 replaces it"),
+        ("reset", "reset gate r: 0 ignores the old state when proposing a new one"),
+    ],
 }
 
 
@@ -104,8 +118,17 @@ def choose_units(gates: dict[str, np.ndarray], kind: str, units: int | list[int]
     return [int(u) for u in np.argsort(-change, kind="stable")[:units]]
 
 
-def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: str, layer: int, opts: GateOptions,
-               width: int, ascii: bool) -> list[Text]:
+def gate_lines(
+    tokenizer,
+    ids: list[int],
+    offset: int,
+    trace: LayerTrace,
+    kind: str,
+    layer: int,
+    opts: GateOptions,
+    width: int,
+    ascii: bool,
+) -> list[Text]:
     """One layer's trace laid out: a heat map per gate, the cell (or hidden) state, its magnitude over time."""
     hidden = trace.h.shape[-1]
     labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
@@ -127,14 +150,25 @@ def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: 
     how = "chosen" if isinstance(opts.units, list) else "whose gates change most"
     sym = "c" if trace.c is not None else "h"
     # the legends first: they stay on screen above the maps instead of scrolling away below them
-    lines = [legend(ascii, "1", "gates; a gate row's mean is at its right"),
-             signed_legend(ascii, f"the {'cell' if sym == 'c' else 'hidden'} state {sym}; each row scaled to its "
-                                  f"largest |{sym}|, shown at its right")]
+    lines = [
+        legend(ascii, "1", "gates; a gate row's mean is at its right"),
+        signed_legend(
+            ascii,
+            f"the {'cell' if sym == 'c' else 'hidden'} state {sym}; each row scaled to its "
+            f"largest |{sym}|, shown at its right",
+        ),
+    ]
     if offset:
-        lines.append(Text(f"(the gates of the last {len(ids) - offset} of {len(ids)} tokens, from a fresh state)",
-                          style="dim"))
-    lines += [Text(f"{kind.upper()} layer {layer}: {len(units)} of {hidden} units ({how}) · "
-                   f"tokens {start}..{stop - 1} of {len(ids)}", style="bold")]
+        lines.append(
+            Text(f"(the gates of the last {len(ids) - offset} of {len(ids)} tokens, from a fresh state)", style="dim")
+        )
+    lines += [
+        Text(
+            f"{kind.upper()} layer {layer}: {len(units)} of {hidden} units ({how}) · "
+            f"tokens {start}..{stop - 1} of {len(ids)}",
+            style="bold",
+        )
+    ]
     for name, title in PANELS[kind]:
         values = gates[name][:, units].T  # (units, n)
         notes = [f" {m:.2f}" for m in values.mean(axis=1)]
@@ -148,8 +182,9 @@ def gate_lines(tokenizer, ids: list[int], offset: int, trace: LayerTrace, kind: 
     row_max = np.abs(values).max(axis=1)  # each unit on its own scale: a held value reads as an even row
     lines += [Text(), Text(f"{name}: + orange, − blue (and the glyphs of the sign legend)", style="bold")]
     notes = [" " + (f"{m:.2f}" if m < 10 else f"{m:.1f}" if m < 100 else f"{min(m, 9999):.0f}") for m in row_max]
-    lines += heatmap_lines(np.abs(values), row_labels, col_labels, vmax=row_max, ascii=ascii, cell=cell,
-                           signed=values, row_notes=notes)
+    lines += heatmap_lines(
+        np.abs(values), row_labels, col_labels, vmax=row_max, ascii=ascii, cell=cell, signed=values, row_notes=notes
+    )
     magnitude = np.abs(state).mean(axis=1)  # (n,) over all units of the layer
     strip = Text(pad(f"|{sym}|", max(unit_w, 3), right=True) + " ", style="bold", no_wrap=True, overflow="crop")
     strip.append_text(spark_line(magnitude, ascii, cell))
@@ -174,8 +209,9 @@ def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateO
     ascii = use_ascii(console, opts.ascii)
     if opts.height is None and console.is_terminal:  # a screen: fit its height too (a pipe scrolls freely)
         opts = replace(opts, height=console.height)
-    print_blocks(console, [gate_lines(tokenizer, ids, offset, traces[layer], cfg.kind, layer, opts, console.width,
-                                      ascii)], ascii)
+    print_blocks(
+        console, [gate_lines(tokenizer, ids, offset, traces[layer], cfg.kind, layer, opts, console.width, ascii)], ascii
+    )
 
 
 def show_gates(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:

@@ -161,8 +161,10 @@ def heatmap_lines(
     grid = shade_grid(values, vmax, drawn, levels)
     label_w = max((cell_len(x) for x in row_labels), default=0)
     # grid lines never wrap: a wrapped row would break the grid (callers fit them to the width)
-    lines = [Text(" " * (label_w + 1) + h, style="dim", no_wrap=True, overflow="crop")
-             for h in column_header(col_labels, cell, header_lines, ascii)]
+    lines = [
+        Text(" " * (label_w + 1) + h, style="dim", no_wrap=True, overflow="crop")
+        for h in column_header(col_labels, cell, header_lines, ascii)
+    ]
     for r, label in enumerate(row_labels):
         line = Text(pad(label, label_w, right=True) + " ", style="bold", no_wrap=True, overflow="crop")
         for c in range(grid.shape[1]):
@@ -225,8 +227,16 @@ def window(first: int, n_total: int, available: int, tokens: int | None, end: in
     return stop - n, stop
 
 
-def fit_map(width: int, row_w: int, note_w: int, first: int, n_total: int, tokens: int | None,
-            end: int | None, max_rows: int | None = None) -> tuple[int, int, int]:
+def fit_map(
+    width: int,
+    row_w: int,
+    note_w: int,
+    first: int,
+    n_total: int,
+    tokens: int | None,
+    end: int | None,
+    max_rows: int | None = None,
+) -> tuple[int, int, int]:
     """(start, stop, cell) for a map `width` cells wide with row labels row_w and row notes note_w wide:
     the token positions [start, stop) shown (see `window`; at most max_rows of them unless `tokens` asks,
     so a map whose rows are tokens fits the screen's height) and the cells per column (two look square;

@@ -36,7 +36,7 @@ def chart_text(result, width: int, color: bool) -> str | None:
         return None
     series: dict[str, tuple[list, list]] = {}
     for r in result.results:  # one line per value of c.series, or one per y key when c.series is None
-        for y in (c.y if isinstance(c.y, tuple) else (c.y,)):
+        for y in c.y if isinstance(c.y, tuple) else (c.y,):
             if r.get(y) is None or r.get(c.x) is None:
                 continue
             xs, ys = series.setdefault(str(r[c.series]) if c.series else y.replace("_", " "), ([], []))
@@ -44,8 +44,9 @@ def chart_text(result, width: int, color: bool) -> str | None:
             ys.append(r[y])
     if not series:
         return None
-    return line_chart(series, width=min(width, 90), height=16, xlabel=c.xlabel, ylabel=c.ylabel,
-                      xlog=c.xlog, ylog=c.ylog, color=color)
+    return line_chart(
+        series, width=min(width, 90), height=16, xlabel=c.xlabel, ylabel=c.ylabel, xlog=c.xlog, ylog=c.ylog, color=color
+    )
 
 
 def render_lab(console: Console, result, color: bool = True) -> None:
@@ -78,13 +79,32 @@ def render_copy_views(console: Console, details: dict, transformer, lstm, ascii:
 
     text, head = "\n" + details["example"], details["copy_head"]
     console.print()
-    console.print(Text(f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
-                       f"(N={details['length']}): the copied half looks back N tokens", style="bold"))
-    render_attention(console, transformer.model, transformer.tokenizer, transformer.tokenizer.encode(text),
-                     AttnOptions(layer=head["layer"], head=head["head"], ascii=ascii))
+    console.print(
+        Text(
+            f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
+            f"(N={details['length']}): the copied half looks back N tokens",
+            style="bold",
+        )
+    )
+    render_attention(
+        console,
+        transformer.model,
+        transformer.tokenizer,
+        transformer.tokenizer.encode(text),
+        AttnOptions(layer=head["layer"], head=head["head"], ascii=ascii),
+    )
     console.print()
-    console.print(Text("… and the LSTM's gates on the same example: everything to copy must pass through its cell state",
-                       style="bold"))
+    console.print(
+        Text(
+            "… and the LSTM's gates on the same example: everything to copy must pass through its cell state",
+            style="bold",
+        )
+    )
     render_gates(console, lstm.model, lstm.tokenizer, lstm.tokenizer.encode(text), GateOptions(ascii=ascii))
-    console.print(Text(f"(again: charlm attn {details['transformer_run']} --layer {head['layer']} --head {head['head']} "
-                       f"--prompt TEXT · charlm gates {details['lstm_run']} --prompt TEXT)", style="dim"))
+    console.print(
+        Text(
+            f"(again: charlm attn {details['transformer_run']} --layer {head['layer']} --head {head['head']} "
+            f"--prompt TEXT · charlm gates {details['lstm_run']} --prompt TEXT)",
+            style="dim",
+        )
+    )

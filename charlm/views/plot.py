@@ -19,9 +19,18 @@ def _tick_label(v: float) -> str:
     return f"{v:g}" if abs(v) < 1e5 else f"{v:.0e}"
 
 
-def line_chart(series: dict[str, tuple[list[float], list[float]]], *, width: int = 72, height: int = 16,
-               xlabel: str = "", ylabel: str = "", xlog: bool = False, ylog: bool = False, color: bool = True,
-               title: str = "") -> str:
+def line_chart(
+    series: dict[str, tuple[list[float], list[float]]],
+    *,
+    width: int = 72,
+    height: int = 16,
+    xlabel: str = "",
+    ylabel: str = "",
+    xlog: bool = False,
+    ylog: bool = False,
+    color: bool = True,
+    title: str = "",
+) -> str:
     """series: name -> (xs, ys). Points that a log axis cannot show (<= 0) and non-finite ones are left out.
     Returns the chart as text, `height` lines of `width` characters (plus nothing else)."""
     plt.clf()
@@ -29,14 +38,22 @@ def line_chart(series: dict[str, tuple[list[float], list[float]]], *, width: int
     plt.theme("clear" if not color else "pro")
     xs_all = set()
     for k, (name, (xs, ys)) in enumerate(series.items()):
-        pts = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)
-               and not (xlog and x <= 0) and not (ylog and y <= 0)]
+        pts = [
+            (x, y)
+            for x, y in zip(xs, ys)
+            if math.isfinite(x) and math.isfinite(y) and not (xlog and x <= 0) and not (ylog and y <= 0)
+        ]
         if not pts:
             continue
         px, py = zip(*pts)
         xs_all.update(px)
-        plt.plot(list(px), list(py), label=name, marker=MARKERS[k % len(MARKERS)],
-                 **({"color": COLORS[k % len(COLORS)]} if color else {}))
+        plt.plot(
+            list(px),
+            list(py),
+            label=name,
+            marker=MARKERS[k % len(MARKERS)],
+            **({"color": COLORS[k % len(COLORS)]} if color else {}),
+        )
     if xlog:
         plt.xscale("log")
     if ylog:

@@ -74,25 +74,37 @@ class TrainView:
         m, t = e.model_config, e.train_config
         size = f"{m.n_layers} layers × {m.d_model}" + (f", {m.n_heads} heads" if m.kind == "transformer" else "")
         # a time-only run has an effectively unlimited step count: don't print 1000000000 steps
-        budget = " or ".join(([f"{t.steps} steps"] if t.steps < 10**9 else []) + ([f"{t.max_time:g}s"] if t.max_time else []))
+        budget = " or ".join(
+            ([f"{t.steps} steps"] if t.steps < 10**9 else []) + ([f"{t.max_time:g}s"] if t.max_time else [])
+        )
         resumed = f", resuming at step {e.start_step}" if e.start_step else ""
         batch = f"batch {t.batch_size}"
         if t.grad_accum > 1 or e.world_size > 1:  # the effective batch: what one optimizer step sees
-            batch += f" × {t.grad_accum} accum × {e.world_size} processes = {t.batch_size * t.grad_accum * e.world_size}"
+            batch += (
+                f" × {t.grad_accum} accum × {e.world_size} processes = {t.batch_size * t.grad_accum * e.world_size}"
+            )
         self.console.print(
             f"[bold]charlm train[/] {m.kind} ({size}, context {m.context}), {e.params / 1e6:.2f}M params, "
             f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
         )
-        self.console.print(Text(
-            f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · {batch} · "
-            f"lr {t.lr:g} · {budget}{resumed} · saving to ") + safe(e.out_dir))
+        self.console.print(
+            Text(
+                f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · {batch} · "
+                f"lr {t.lr:g} · {budget}{resumed} · saving to "
+            )
+            + safe(e.out_dir)
+        )
         self.total = t.steps
         if self.live:
             p = self._ensure_progress()
             if self.encode_task is not None:
                 p.update(self.encode_task, visible=False)
-            self.train_task = p.add_task("training", total=t.max_time if t.max_time else t.steps,
-                                         completed=0 if t.max_time else e.start_step, info="")
+            self.train_task = p.add_task(
+                "training",
+                total=t.max_time if t.max_time else t.steps,
+                completed=0 if t.max_time else e.start_step,
+                info="",
+            )
 
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
@@ -111,14 +123,17 @@ class TrainView:
         best = " [green]best[/]" if e.is_best else ""
         self.console.print(
             f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
-            f"{e.val_bpc:.3f} bits/char{best}", highlight=False
+            f"{e.val_bpc:.3f} bits/char{best}",
+            highlight=False,
         )
         if e.sample is not None:
             self.console.print(Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic"))
 
     def finish(self, result: Result) -> None:
         self.close()
-        table = Table(title="training done" if result.stopped != "interrupted" else "training interrupted", show_header=False)
+        table = Table(
+            title="training done" if result.stopped != "interrupted" else "training interrupted", show_header=False
+        )
         table.add_column(style="bold")
         table.add_column()
         why = {"steps": "reached --steps", "time": "--max-time ran out", "until": "paused", "interrupted": "Ctrl-C"}
@@ -126,7 +141,9 @@ class TrainView:
         table.add_row("time", self._time(result))
         table.add_row("parameters", f"{result.params:,}")
         if result.best_val_loss is not None:
-            table.add_row("best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char")
+            table.add_row(
+                "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
+            )
         table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
         self.console.print(table)
         if result.sample:
@@ -138,11 +155,14 @@ class TrainView:
             self.console.print(
                 f"\n[bold yellow]train longer:[/] val loss {result.best_val_loss:.2f} nats/token is still "
                 f"{result.best_val_loss / uniform:.0%} of a uniform guess among {self.started.vocab_size} tokens "
-                f"({uniform:.2f}): the model has barely started to learn. Continue it with a larger total time:")
-            self.console.print(f"  charlm train CORPUS --out {run} --resume --max-time 10m", markup=False, highlight=False)
+                f"({uniform:.2f}): the model has barely started to learn. Continue it with a larger total time:"
+            )
+            self.console.print(
+                f"  charlm train CORPUS --out {run} --resume --max-time 10m", markup=False, highlight=False
+            )
         self.console.print("\n[bold]try next:[/]")
         self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
-        self.console.print(f"  charlm sample {run} --prompt \"...\"", markup=False, highlight=False)
+        self.console.print(f'  charlm sample {run} --prompt "..."', markup=False, highlight=False)
         self.console.print(f"  charlm info {run}", markup=False, highlight=False)
 
     def _time(self, result: Result) -> str:
@@ -155,14 +175,20 @@ class TrainView:
         text = f"{session:.1f}s training, evaluations included"
         if self.started.start_seconds:
             text += f" ({result.train_seconds:.1f}s with the earlier sessions)"
-        return (text + f" · {setup + session + after:.1f}s in all: {setup:.1f}s to set up and encode, "
-                f"{after:.1f}s for the last evaluation and sample")
+        return (
+            text + f" · {setup + session + after:.1f}s in all: {setup:.1f}s to set up and encode, "
+            f"{after:.1f}s for the last evaluation and sample"
+        )
 
     def _barely_learned(self, result: Result) -> bool:
         """Val loss above 60% of a uniform guess's, ln(vocab): on English characters that is about what
         letter frequencies alone give (~2.9 of 4.2 nats); two minutes of the tiny preset reach ~40%."""
-        return (result.best_val_loss is not None and self.started is not None and self.started.vocab_size > 1
-                and result.best_val_loss > 0.6 * math.log(self.started.vocab_size))
+        return (
+            result.best_val_loss is not None
+            and self.started is not None
+            and self.started.vocab_size > 1
+            and result.best_val_loss > 0.6 * math.log(self.started.vocab_size)
+        )
 
     def close(self) -> None:
         if self.progress is not None:

@@ -31,7 +31,7 @@ from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.config import ConfigError
 from charlm.data import cache_dir
-from charlm.generate import Streamer, SampleConfig
+from charlm.generate import SampleConfig, Streamer
 from charlm.models import count_params
 from charlm.tokenizer import UNKNOWN_POLICIES, UnknownCharactersError
 from charlm.views.attention import show_attention
@@ -147,7 +147,7 @@ class LineReader:
 
     def _fenced(self, first: str, read) -> str:
         """Multi-line input: from a line starting with \"\"\" to the next \"\"\"."""
-        rest = first.lstrip()[len(FENCE):]
+        rest = first.lstrip()[len(FENCE) :]
         if FENCE in rest:
             return rest[: rest.index(FENCE)]
         parts = [rest] if rest else []
@@ -161,7 +161,6 @@ class LineReader:
                 break
             parts.append(line)
         return "\n".join(parts)
-
 
     def _setup_readline(self) -> None:
         try:
@@ -201,9 +200,11 @@ class Session:
     A subclass gives COMMANDS, generate(prompt) and own_command(name, rest) for its own commands."""
 
     COMMANDS: dict[str, str] = {**SHARED_COMMANDS, **QUIT}
-    HELP_ROWS: list[tuple[str, str]] = [('"""', 'a multi-line prompt, up to the next """'),
-                                        ("paste", "several lines pasted are one prompt: Enter sends it"),
-                                        ("Ctrl-C", "stop a generation, or clear the line (it never leaves)")]
+    HELP_ROWS: list[tuple[str, str]] = [
+        ('"""', 'a multi-line prompt, up to the next """'),
+        ("paste", "several lines pasted are one prompt: Enter sends it"),
+        ("Ctrl-C", "stop a generation, or clear the line (it never leaves)"),
+    ]
 
     def __init__(self, settings: SampleConfig, console: Console | None, unknown: str, interactive: bool | None):
         self.settings = settings
@@ -267,8 +268,10 @@ class Session:
 
     def own_command(self, name: str, rest: str) -> None:
         """A command beyond the shared ones (the subclass's); unknown ones raise Hint."""
-        raise Hint(f"unknown command {name}: /help lists them (to send text that starts with /, "
-                   f'begin it with a space or put it in """ marks)')
+        raise Hint(
+            f"unknown command {name}: /help lists them (to send text that starts with /, "
+            f'begin it with a space or put it in """ marks)'
+        )
 
     def goes_on(self) -> bool:
         """Whether Enter on an empty line generates (chat's continue mode)."""
@@ -309,11 +312,22 @@ class Repl(Session):
     """`charlm chat`: one model, its running text, and the viewers on it."""
 
     COMMANDS = COMMANDS
-    HELP_ROWS = [Session.HELP_ROWS[0], ("Enter", "on an empty line in continue mode: go on with the text"),
-                 *Session.HELP_ROWS[1:]]
+    HELP_ROWS = [
+        Session.HELP_ROWS[0],
+        ("Enter", "on an empty line in continue mode: go on with the text"),
+        *Session.HELP_ROWS[1:],
+    ]
 
-    def __init__(self, ckpt: Checkpoint, settings: SampleConfig, console: Console | None = None,
-                 mode: str = "fresh", use_cache: bool = True, unknown: str = "drop", interactive: bool | None = None):
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        settings: SampleConfig,
+        console: Console | None = None,
+        mode: str = "fresh",
+        use_cache: bool = True,
+        unknown: str = "drop",
+        interactive: bool | None = None,
+    ):
         self.talk_to(ckpt, use_cache)
         super().__init__(settings, console, unknown, interactive)
         self.mode = mode
@@ -393,8 +407,11 @@ class Repl(Session):
             if rest not in MODES:
                 raise Hint(f"/mode is {self.mode}: use /mode fresh or /mode continue")
             self.mode = rest
-            self.hint(f"mode {rest}: " + ("each prompt starts anew" if rest == "fresh" else "prompts continue the running text"),
-                      style="green")
+            self.hint(
+                f"mode {rest}: "
+                + ("each prompt starts anew" if rest == "fresh" else "prompts continue the running text"),
+                style="green",
+            )
         elif name in ("/attn", "/gates"):
             self.viewer(name[1:], rest.split())
         elif name == "/save":
@@ -407,18 +424,28 @@ class Repl(Session):
 
     def show(self) -> None:
         ck, m, s = self.ckpt, self.ckpt.model_config, self.settings
-        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0), title=Text(safe_text(ck.name), style="bold"),
-                      title_justify="left")
+        table = Table(
+            show_header=False,
+            box=None,
+            padding=(0, 2, 0, 0),
+            title=Text(safe_text(ck.name), style="bold"),
+            title_justify="left",
+        )
         table.add_column(style="bold")
         table.add_column()
         size = f"{m.n_layers} layer{'s' if m.n_layers != 1 else ''} × {m.d_model}"
         if m.kind == "transformer":
             size += f", {m.n_heads} heads"
-        rows = [("model", f"{m.kind} ({size}, context {m.context}), {count_params(ck.model):,} parameters"),
-                ("tokenizer", f"{ck.tokenizer.kind}, {ck.tokenizer.vocab_size} tokens")]
+        rows = [
+            ("model", f"{m.kind} ({size}, context {m.context}), {count_params(ck.model):,} parameters"),
+            ("tokenizer", f"{ck.tokenizer.kind}, {ck.tokenizer.vocab_size} tokens"),
+        ]
         rows += [(key, _show_value(self.unknown if key == "unknown" else getattr(s, key))) for key in SETTINGS]
-        rows += [("mode", self.mode), ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
-                 ("running text", f"{len(self.gen.ids)} tokens")]
+        rows += [
+            ("mode", self.mode),
+            ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
+            ("running text", f"{len(self.gen.ids)} tokens"),
+        ]
         for name, value in rows:
             table.add_row(Text(name), Text(value))  # Text, not str: a stop string like "[b]" is not markup
         self.console.print(table)
@@ -447,8 +474,11 @@ class Repl(Session):
             raise Hint(f"{e}; still talking to {self.ckpt.name}") from None
         self.talk_to(ckpt, self.gen.use_cache)
         m = ckpt.model_config
-        self.hint(f"loaded {ckpt.name} ({m.kind}, {ckpt.tokenizer.kind} tokens, {count_params(ckpt.model):,} parameters, "
-                  f"context {m.context}); the running text is empty", style="green")
+        self.hint(
+            f"loaded {ckpt.name} ({m.kind}, {ckpt.tokenizer.kind} tokens, {count_params(ckpt.model):,} parameters, "
+            f"context {m.context}); the running text is empty",
+            style="green",
+        )
 
     def save(self, path: str) -> None:
         if not path:
@@ -459,19 +489,36 @@ class Repl(Session):
             files.atomic_write(target, lambda f: f.write(body.encode("utf-8")))
         except files.WriteError as e:
             raise Hint(str(e)) from None
-        self.hint(f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green")
+        self.hint(
+            f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green"
+        )
 
     def banner(self) -> None:
         m = self.ckpt.model_config
-        self.console.print(Text.assemble(
-            ("charlm chat", "bold"), " · ", safe_text(self.ckpt.name),
-            (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
-        ), soft_wrap=True)
-        self.console.print(Text(f"type a prompt; /help for commands; Ctrl-C stops a generation; {LEAVE_HINT}", style="dim"))
+        self.console.print(
+            Text.assemble(
+                ("charlm chat", "bold"),
+                " · ",
+                safe_text(self.ckpt.name),
+                (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
+            ),
+            soft_wrap=True,
+        )
+        self.console.print(
+            Text(f"type a prompt; /help for commands; Ctrl-C stops a generation; {LEAVE_HINT}", style="dim")
+        )
 
 
-_EXAMPLES = {"temperature": "0.8", "top_k": "40", "top_p": "0.9", "repetition_penalty": "1.2", "max_tokens": "300",
-             "seed": "42 (or none)", "stop": r"\n\n (or none)", "unknown": "drop"}
+_EXAMPLES = {
+    "temperature": "0.8",
+    "top_k": "40",
+    "top_p": "0.9",
+    "repetition_penalty": "1.2",
+    "max_tokens": "300",
+    "seed": "42 (or none)",
+    "stop": r"\n\n (or none)",
+    "unknown": "drop",
+}
 
 
 def _parse_setting(key: str, value: str):

@@ -36,8 +36,14 @@ def duration(seconds: float) -> str:
 def render_runs(console: Console, rows: list[dict], title: str, now: float | None = None) -> None:
     """rows: runs.describe() of each run, newest first."""
     now = time.time() if now is None else now
-    table = Table(title=Text(safe_text(title)), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
-                  show_edge=False, padding=(0, 1, 0, 0))  # narrow gaps: 8 columns fit in 60
+    table = Table(
+        title=Text(safe_text(title)),
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )  # narrow gaps: 8 columns fit in 60
     table.add_column("run\ncorpus", overflow="fold", min_width=8)  # the user's names fold, never lose their end
     table.add_column("model", no_wrap=True)
     for name in ("params", "steps", "time", "val\nbits/\nchar", "when"):
@@ -52,8 +58,15 @@ def render_runs(console: Console, rows: list[dict], title: str, now: float | Non
             continue
         bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] is not None else "-"
         params = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
-        table.add_row(run, f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}", params, f"{r['steps']:,}",
-                      duration(r["train_seconds"]), bpc, when)
+        table.add_row(
+            run,
+            f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}",
+            params,
+            f"{r['steps']:,}",
+            duration(r["train_seconds"]),
+            bpc,
+            when,
+        )
     console.print(table)
 
 
@@ -63,8 +76,15 @@ def train_bpc(point: dict) -> float:
     return point["train_loss"] * point["val_bpc"] / point["val_loss"]
 
 
-def loss_chart(curves: dict[str, list[dict]], *, y: str = "loss", x: str = "step", width: int = 72, height: int = 16,
-               color: bool = True) -> str:
+def loss_chart(
+    curves: dict[str, list[dict]],
+    *,
+    y: str = "loss",
+    x: str = "step",
+    width: int = 72,
+    height: int = 16,
+    color: bool = True,
+) -> str:
     """curves: a run's label -> its metrics.jsonl rows. Train and val of each run as two series
     (with one run, just "train" and "val"). y: "loss" (nats/token) or "bpc"; x: "step" or "time"."""
     xs = (lambda p: p["step"]) if x == "step" else (lambda p: p["elapsed"])
@@ -74,6 +94,11 @@ def loss_chart(curves: dict[str, list[dict]], *, y: str = "loss", x: str = "step
         prefix = f"{label} " if len(curves) > 1 else ""
         for split, value in zip(("train", "val"), ys):
             series[prefix + split] = ([xs(p) for p in points], [value(p) for p in points])
-    return line_chart(series, width=width, height=height, color=color,
-                      xlabel="step" if x == "step" else "seconds of training",
-                      ylabel="loss (nats/token)" if y == "loss" else "bits/char")
+    return line_chart(
+        series,
+        width=width,
+        height=height,
+        color=color,
+        xlabel="step" if x == "step" else "seconds of training",
+        ylabel="loss (nats/token)" if y == "loss" else "bits/char",
+    )

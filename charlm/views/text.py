@@ -42,6 +42,7 @@ def shell_quote(text: object) -> str:
     text = str(text)
     if text.isprintable():
         return shlex.quote(text)
-    escaped = (_visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch]
-               for ch in text)
+    escaped = (
+        _visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch] for ch in text
+    )
     return "$'" + "".join(escaped) + "'"
