@@ -57,11 +57,11 @@ def score(model, tokenizer, val: np.ndarray) -> float:
     return round(evaluate_ids(model, tokenizer, val).loss, 4)
 
 
-def reference(tokenizer, batches: Batches, seed: int, iters: int) -> dict:
+def reference(tokenizer, batches: Batches, seed: int, iters: int, curve: bool = True) -> dict:
     # as published for 2000 iterations; a shorter check keeps the warmup at a tenth of its iterations
     recipe = dict(nanogpt.RECIPE, seed=seed, max_iters=iters, lr_decay_iters=iters,
                   warmup_iters=min(nanogpt.RECIPE["warmup_iters"], iters // 10))
-    points = {round(f * iters) for f in CURVE}
+    points = {round(f * iters) for f in CURVE} if curve else set()
     snaps = []
 
     def on_iter(i, seconds, model):
@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, help="with --only tiny: train exactly this many tokens (an idea's gain per token)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a setting of the tiny preset (ModelConfig/TrainConfig field names)")
+    ap.add_argument("--curve-pairs", type=int, help="score the loss-vs-time snapshots of the first N pairs only (each costs 6 evaluations)")
     ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's own choice)")
     ap.add_argument("--lstm-speed", action="store_true")
     args = ap.parse_args()
@@ -197,7 +198,7 @@ def main() -> None:
         if args.only:
             runs.append(charlm(tokenizer, batches, seed, args.budget, args.tokens, overrides=overrides))
         else:
-            ref = reference(tokenizer, batches, seed, args.ref_iters)
+            ref = reference(tokenizer, batches, seed, args.ref_iters, args.curve_pairs is None or i < args.curve_pairs)
             print(json.dumps(ref), flush=True)
             runs.append(ref)
             runs.append(charlm(tokenizer, batches, seed, ref["seconds"], times=[t for t, _, _ in ref["curve"]],
