@@ -1,71 +1,116 @@
-"""Training quality and speed under a fixed wall-clock budget, with charlm's own trainer.
+"""Quality per CPU-minute: charlm's `tiny` preset against nanoGPT's CPU recipe, in the recipe's own wall time.
 
-    python benchmarks/bench_train.py                 # reference recipe vs the tiny preset, 115 s each
-    python benchmarks/bench_train.py --budget 60 --repeat 3 --only tiny
-    python benchmarks/bench_train.py --lstm-speed    # LSTM 2x256, batch 64, context 64: chars/s
+    python benchmarks/bench_train.py --repeat 3          # the protocol of benchmarks/RESULTS.md
+    python benchmarks/bench_train.py --ref-iters 100     # a quick check of the machinery (short runs)
+    python benchmarks/bench_train.py --only tiny --tokens 400000 --set batch_size=32   # an idea, at a fixed token count
+    python benchmarks/bench_train.py --lstm-speed        # LSTM 2x256, batch 64, context 64: chars/s
 
-The reference is the well-known nanoGPT CPU recipe (GPT, 4 layers, 4 heads, width 128, context 64,
-batch 12, AdamW lr 1e-3 -> 1e-4 cosine, 100 warmup, 2000 steps, dropout 0), run with charlm's model
-code. Runs alternate (reference, tiny, reference, tiny, ...) so machine noise hits both alike.
+The protocol, one pair of runs at a time (reference, then charlm), with seed 1337 + the pair's index:
+- the reference is nanoGPT's recipe as published (benchmarks/nanogpt_reference.py), trained on the first
+  90% of tinyshakespeare (charlm's char tokenizer and train/val split); its training time (the 2001
+  iterations, setup excluded) is measured;
+- charlm's `tiny` preset (charlm's own Trainer, no evaluations while training) gets exactly that time
+  as its budget (--max-time);
+- both are scored by the same code, charlm.evaluate (what `charlm eval` runs), over the WHOLE last 10%:
+  windows of each model's context, stride context/2, every character scored once;
+- the loss-vs-time curve: snapshots at 1/4, 1/2 and 3/4 of the reference's iterations, and charlm's
+  at the same seconds, scored the same way.
+Pairs alternate so machine noise hits both alike; the load average is recorded before each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from charlm.config import ModelConfig, TrainConfig, preset
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nanogpt_reference as nanogpt
+
+from charlm.config import MODEL_KEYS, ModelConfig, TrainConfig, preset
 from charlm.data import Batches, load_tokens, prepare
+from charlm.evaluate import evaluate_ids
 from charlm.models import build_model
-from charlm.train import Evaluated, Stepped, Trainer, autocast_dtype, make_optimizer
+from charlm.train import Stepped, Trainer, autocast_dtype, make_optimizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"
+CURVE = (0.25, 0.5, 0.75)  # curve points, as fractions of the reference's iterations
 
 
-def reference(budget: float) -> tuple[ModelConfig, TrainConfig]:
-    model = ModelConfig(kind="transformer", n_layers=4, n_heads=4, d_model=128, context=64, dropout=0.0,
-                        positions="learned")
-    train = TrainConfig(batch_size=12, lr=1e-3, min_lr_ratio=0.1, warmup=100, steps=2000, optimizer="adamw",
-                        max_time=budget, eval_interval=10**9, eval_iters=100, sample_tokens=0, device="cpu")
-    return model, train
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def tiny(kind: str, budget: float) -> tuple[ModelConfig, TrainConfig]:
-    m, t = preset(kind, "tiny")
-    model = ModelConfig(kind=kind, **m)
-    train = TrainConfig(max_time=budget, steps=10**9, eval_interval=10**9, eval_iters=100, sample_tokens=0,
-                        device="cpu", **t)
-    return model, train
+def score(model, tokenizer, val: np.ndarray) -> float:
+    """Loss (nats/char) over the whole validation text: charlm eval's windows (stride context/2)."""
+    model.eval()
+    return round(evaluate_ids(model, tokenizer, val).loss, 4)
 
 
-def train_once(name: str, model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
-    steps, tokens_per_s = [], []
-    final = {}
+def reference(tokenizer, batches: Batches, seed: int, iters: int, curve: bool = True) -> dict:
+    # as published for 2000 iterations; a shorter check keeps the warmup at a tenth of its iterations
+    recipe = dict(nanogpt.RECIPE, seed=seed, max_iters=iters, lr_decay_iters=iters,
+                  warmup_iters=min(nanogpt.RECIPE["warmup_iters"], iters // 10))
+    points = {round(f * iters) for f in CURVE} if curve else set()
+    snaps = []
+
+    def on_iter(i, seconds, model):
+        if i in points:
+            snaps.append((i, seconds, copy.deepcopy(model.state_dict())))
+
+    loadavg = load()
+    model, seconds = nanogpt.train(np.asarray(batches.train), tokenizer.vocab_size, recipe, on_iter)
+    curve = []
+    for i, t, state in snaps:
+        snap = nanogpt.GPT(model.config)
+        snap.load_state_dict(state)
+        curve.append((round(t, 1), i, score(nanogpt.Scored(snap), tokenizer, batches.val)))
+    steps = iters + 1
+    return {"name": "reference", "seed": seed, "load": loadavg, "steps": steps, "seconds": round(seconds, 1),
+            "tokens_per_s": round(steps * recipe["batch_size"] * recipe["block_size"] / seconds),
+            "val_loss": score(nanogpt.Scored(model), tokenizer, batches.val), "curve": curve}
+
+
+def charlm(tokenizer, batches: Batches, seed: int, budget: float | None, tokens: int | None = None,
+           times: tuple = (), overrides: dict | None = None) -> dict:
+    """The tiny preset for `budget` seconds (or exactly `tokens` tokens), snapshots at `times` seconds."""
+    settings = {k: v for part in (*preset("transformer", "tiny"), overrides or {}) for k, v in part.items()}
+    model_cfg = ModelConfig(kind="transformer", **{k: v for k, v in settings.items() if k in MODEL_KEYS})
+    t = {k: v for k, v in settings.items() if k not in MODEL_KEYS}
+    steps = -(-tokens // (t["batch_size"] * model_cfg.context)) if tokens else 10**9
+    train_cfg = TrainConfig(max_time=None if tokens else budget, steps=steps, eval_interval=10**9, eval_iters=1,
+                            sample_tokens=0, device="cpu", seed=seed, **t)
+    pending, snaps, trainer = sorted(times), [], None
 
     def on_event(e):
-        if isinstance(e, Stepped):
-            steps.append(e.step)
-            tokens_per_s.append(e.tokens_per_s)
-        elif isinstance(e, Evaluated):
-            final.update(val_loss=e.val_loss, val_bpc=e.val_bpc)
+        if isinstance(e, Stepped) and pending and e.elapsed >= pending[0]:
+            pending.pop(0)
+            snaps.append((e.elapsed, e.step, copy.deepcopy(trainer.model.state_dict())))
 
+    loadavg = load()
     with tempfile.TemporaryDirectory() as out:
-        result = Trainer(CORPUS, model_cfg, train_cfg, out, on_event=on_event).fit()
-    return {
-        "name": name,
-        "steps": result.step,
-        "seconds": round(result.train_seconds, 1),
-        "tokens_per_s": round(statistics.median(tokens_per_s)),
-        "val_loss": round(final["val_loss"], 4),
-        "val_bpc": round(final["val_bpc"], 4),
-    }
+        trainer = Trainer(CORPUS, model_cfg, train_cfg, out, on_event=on_event)
+        result = trainer.fit()
+    curve = []
+    for elapsed, step, state in snaps:
+        snap = build_model(trainer.model_cfg)
+        snap.load_state_dict(state)
+        curve.append((round(elapsed, 1), step, score(snap, tokenizer, batches.val)))
+    ctx = model_cfg.context
+    return {"name": "tiny" + "".join(f" {k}={v}" for k, v in (overrides or {}).items()), "seed": seed,
+            "load": loadavg, "steps": result.step, "seconds": round(result.train_seconds, 1),
+            "tokens_per_s": round(result.step * train_cfg.batch_size * ctx / result.train_seconds),
+            "val_loss": score(trainer.model, tokenizer, batches.val), "curve": curve}
 
 
 def lstm_speed(precision: str, steps: int = 30) -> dict:
@@ -93,34 +138,73 @@ def lstm_speed(precision: str, steps: int = 30) -> dict:
     return {"name": f"lstm 2x256 b64 t64 {precision}", "autocast": str(dtype), "ms_per_step": round(med * 1000, 1), "chars_per_s": round(64 * 64 / med)}
 
 
+def parse_set(items: list[str]) -> dict:
+    """--set batch_size=32 --set compile=true -> {"batch_size": 32, "compile": True}"""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:  # a plain word: precision=bf16, positions=learned
+            out[key] = value
+    return out
+
+
+def summary(runs: list[dict]) -> None:
+    by = {}
+    for r in runs:
+        by.setdefault(r["name"], []).append(r)
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("val_loss", "tokens_per_s", "seconds", "steps")}
+           for n, rs in by.items()}
+    for n, m in med.items():
+        print(f"{n}: median val loss {m['val_loss']:.4f}, {m['tokens_per_s']:.0f} tokens/s, {m['steps']:.0f} steps "
+              f"in {m['seconds']:.1f} s over {len(by[n])} run(s)", flush=True)
+    if "reference" in med and len(med) > 1:
+        ref = med["reference"]
+        for n, m in med.items():
+            if n != "reference":
+                print(f"{n} / reference: val loss {m['val_loss'] / ref['val_loss']:.3f}x "
+                      f"({m['val_loss'] - ref['val_loss']:+.4f} nats/char), tokens/s {m['tokens_per_s'] / ref['tokens_per_s']:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=115.0, help="seconds of training per run")
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--only", choices=["reference", "tiny", "lstm"], help="run one variant only")
+    ap.add_argument("--repeat", type=int, default=3, help="pairs of runs (reference, then charlm)")
+    ap.add_argument("--ref-iters", type=int, default=nanogpt.RECIPE["max_iters"],
+                    help="the reference's max_iters and lr_decay_iters (2000 as published; less for a quick check)")
+    ap.add_argument("--only", choices=["tiny"], help="charlm only, for --budget seconds or --tokens tokens")
+    ap.add_argument("--budget", type=float, help="with --only tiny: seconds of training per run")
+    ap.add_argument("--tokens", type=int, help="with --only tiny: train exactly this many tokens (an idea's gain per token)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a setting of the tiny preset (ModelConfig/TrainConfig field names)")
+    ap.add_argument("--curve-pairs", type=int, help="score the loss-vs-time snapshots of the first N pairs only (each costs 6 evaluations)")
+    ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's own choice)")
     ap.add_argument("--lstm-speed", action="store_true")
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"native bf16: {torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()}", flush=True)
     if args.lstm_speed:
         for _ in range(args.repeat):  # alternate, so noise hits both alike
             for precision in ("fp32", "auto"):
                 print(json.dumps(lstm_speed(precision)), flush=True)
         return
-    variants = {
-        "reference": lambda: reference(args.budget),
-        "tiny": lambda: tiny("transformer", args.budget),
-        "lstm": lambda: tiny("lstm", args.budget),
-    }
-    names = [args.only] if args.only else ["reference", "tiny"]
-    results = {n: [] for n in names}
-    for _ in range(args.repeat):
-        for n in names:
-            r = train_once(n, *variants[n]())
-            results[n].append(r)
-            print(json.dumps(r), flush=True)
-    for n, rs in results.items():
-        print(f"{n}: median val loss {statistics.median(r['val_loss'] for r in rs):.4f}, "
-              f"median tokens/s {statistics.median(r['tokens_per_s'] for r in rs):.0f} over {len(rs)} run(s)")
+    tokenizer, path, _ = prepare(CORPUS, "char", None)
+    batches = Batches(load_tokens(path), context=64)  # the split does not depend on the context
+    overrides, runs = parse_set(args.set), []
+    for i in range(args.repeat):
+        seed = 1337 + i
+        if args.only:
+            runs.append(charlm(tokenizer, batches, seed, args.budget, args.tokens, overrides=overrides))
+        else:
+            ref = reference(tokenizer, batches, seed, args.ref_iters, args.curve_pairs is None or i < args.curve_pairs)
+            print(json.dumps(ref), flush=True)
+            runs.append(ref)
+            runs.append(charlm(tokenizer, batches, seed, ref["seconds"], times=[t for t, _, _ in ref["curve"]],
+                               overrides=overrides))
+        print(json.dumps(runs[-1]), flush=True)
+    summary(runs)
 
 
 if __name__ == "__main__":
