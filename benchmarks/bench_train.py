@@ -59,8 +59,13 @@ def score(model, tokenizer, val: np.ndarray) -> float:
 
 def reference(tokenizer, batches: Batches, seed: int, iters: int, curve: bool = True) -> dict:
     # as published for 2000 iterations; a shorter check keeps the warmup at a tenth of its iterations
-    recipe = dict(nanogpt.RECIPE, seed=seed, max_iters=iters, lr_decay_iters=iters,
-                  warmup_iters=min(nanogpt.RECIPE["warmup_iters"], iters // 10))
+    recipe = dict(
+        nanogpt.RECIPE,
+        seed=seed,
+        max_iters=iters,
+        lr_decay_iters=iters,
+        warmup_iters=min(nanogpt.RECIPE["warmup_iters"], iters // 10),
+    )
     points = {round(f * iters) for f in CURVE} if curve else set()
     snaps = []
 
@@ -76,20 +81,42 @@ def reference(tokenizer, batches: Batches, seed: int, iters: int, curve: bool = 
         snap.load_state_dict(state)
         curve.append((round(t, 1), i, score(nanogpt.Scored(snap), tokenizer, batches.val)))
     steps = iters + 1
-    return {"name": "reference", "seed": seed, "load": loadavg, "steps": steps, "seconds": round(seconds, 1),
-            "tokens_per_s": round(steps * recipe["batch_size"] * recipe["block_size"] / seconds),
-            "val_loss": score(nanogpt.Scored(model), tokenizer, batches.val), "curve": curve}
+    return {
+        "name": "reference",
+        "seed": seed,
+        "load": loadavg,
+        "steps": steps,
+        "seconds": round(seconds, 1),
+        "tokens_per_s": round(steps * recipe["batch_size"] * recipe["block_size"] / seconds),
+        "val_loss": score(nanogpt.Scored(model), tokenizer, batches.val),
+        "curve": curve,
+    }
 
 
-def charlm(tokenizer, batches: Batches, seed: int, budget: float | None, tokens: int | None = None,
-           times: tuple = (), overrides: dict | None = None) -> dict:
+def charlm(
+    tokenizer,
+    batches: Batches,
+    seed: int,
+    budget: float | None,
+    tokens: int | None = None,
+    times: tuple = (),
+    overrides: dict | None = None,
+) -> dict:
     """The tiny preset for `budget` seconds (or exactly `tokens` tokens), snapshots at `times` seconds."""
     settings = {k: v for part in (*preset("transformer", "tiny"), overrides or {}) for k, v in part.items()}
     model_cfg = ModelConfig(kind="transformer", **{k: v for k, v in settings.items() if k in MODEL_KEYS})
     t = {k: v for k, v in settings.items() if k not in MODEL_KEYS}
     steps = -(-tokens // (t["batch_size"] * model_cfg.context)) if tokens else 10**9
-    train_cfg = TrainConfig(max_time=None if tokens else budget, steps=steps, eval_interval=10**9, eval_iters=1,
-                            sample_tokens=0, device="cpu", seed=seed, **t)
+    train_cfg = TrainConfig(
+        max_time=None if tokens else budget,
+        steps=steps,
+        eval_interval=10**9,
+        eval_iters=1,
+        sample_tokens=0,
+        device="cpu",
+        seed=seed,
+        **t,
+    )
     pending, snaps, trainer = sorted(times), [], None
 
     def on_event(e):
@@ -107,10 +134,16 @@ def charlm(tokenizer, batches: Batches, seed: int, budget: float | None, tokens:
         snap.load_state_dict(state)
         curve.append((round(elapsed, 1), step, score(snap, tokenizer, batches.val)))
     ctx = model_cfg.context
-    return {"name": "tiny" + "".join(f" {k}={v}" for k, v in (overrides or {}).items()), "seed": seed,
-            "load": loadavg, "steps": result.step, "seconds": round(result.train_seconds, 1),
-            "tokens_per_s": round(result.step * train_cfg.batch_size * ctx / result.train_seconds),
-            "val_loss": score(trainer.model, tokenizer, batches.val), "curve": curve}
+    return {
+        "name": "tiny" + "".join(f" {k}={v}" for k, v in (overrides or {}).items()),
+        "seed": seed,
+        "load": loadavg,
+        "steps": result.step,
+        "seconds": round(result.train_seconds, 1),
+        "tokens_per_s": round(result.step * train_cfg.batch_size * ctx / result.train_seconds),
+        "val_loss": score(trainer.model, tokenizer, batches.val),
+        "curve": curve,
+    }
 
 
 def lstm_speed(precision: str, steps: int = 30) -> dict:
@@ -135,7 +168,12 @@ def lstm_speed(precision: str, steps: int = 30) -> dict:
         if i >= 5:  # skip warm-up steps
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    return {"name": f"lstm 2x256 b64 t64 {precision}", "autocast": str(dtype), "ms_per_step": round(med * 1000, 1), "chars_per_s": round(64 * 64 / med)}
+    return {
+        "name": f"lstm 2x256 b64 t64 {precision}",
+        "autocast": str(dtype),
+        "ms_per_step": round(med * 1000, 1),
+        "chars_per_s": round(64 * 64 / med),
+    }
 
 
 def parse_set(items: list[str]) -> dict:
@@ -154,37 +192,62 @@ def summary(runs: list[dict]) -> None:
     by = {}
     for r in runs:
         by.setdefault(r["name"], []).append(r)
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("val_loss", "tokens_per_s", "seconds", "steps")}
-           for n, rs in by.items()}
+    med = {
+        n: {k: statistics.median(r[k] for r in rs) for k in ("val_loss", "tokens_per_s", "seconds", "steps")}
+        for n, rs in by.items()
+    }
     for n, m in med.items():
-        print(f"{n}: median val loss {m['val_loss']:.4f}, {m['tokens_per_s']:.0f} tokens/s, {m['steps']:.0f} steps "
-              f"in {m['seconds']:.1f} s over {len(by[n])} run(s)", flush=True)
+        print(
+            f"{n}: median val loss {m['val_loss']:.4f}, {m['tokens_per_s']:.0f} tokens/s, {m['steps']:.0f} steps "
+            f"in {m['seconds']:.1f} s over {len(by[n])} run(s)",
+            flush=True,
+        )
     if "reference" in med and len(med) > 1:
         ref = med["reference"]
         for n, m in med.items():
             if n != "reference":
-                print(f"{n} / reference: val loss {m['val_loss'] / ref['val_loss']:.3f}x "
-                      f"({m['val_loss'] - ref['val_loss']:+.4f} nats/char), tokens/s {m['tokens_per_s'] / ref['tokens_per_s']:.2f}x")
+                print(
+                    f"{n} / reference: val loss {m['val_loss'] / ref['val_loss']:.3f}x "
+                    f"({m['val_loss'] - ref['val_loss']:+.4f} nats/char), tokens/s {m['tokens_per_s'] / ref['tokens_per_s']:.2f}x"
+                )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3, help="pairs of runs (reference, then charlm)")
-    ap.add_argument("--ref-iters", type=int, default=nanogpt.RECIPE["max_iters"],
-                    help="the reference's max_iters and lr_decay_iters (2000 as published; less for a quick check)")
+    ap.add_argument(
+        "--ref-iters",
+        type=int,
+        default=nanogpt.RECIPE["max_iters"],
+        help="the reference's max_iters and lr_decay_iters (2000 as published; less for a quick check)",
+    )
     ap.add_argument("--only", choices=["tiny"], help="charlm only, for --budget seconds or --tokens tokens")
     ap.add_argument("--budget", type=float, help="with --only tiny: seconds of training per run")
-    ap.add_argument("--tokens", type=int, help="with --only tiny: train exactly this many tokens (an idea's gain per token)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a setting of the tiny preset (ModelConfig/TrainConfig field names)")
-    ap.add_argument("--curve-pairs", type=int, help="score the loss-vs-time snapshots of the first N pairs only (each costs 6 evaluations)")
+    ap.add_argument(
+        "--tokens", type=int, help="with --only tiny: train exactly this many tokens (an idea's gain per token)"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting of the tiny preset (ModelConfig/TrainConfig field names)",
+    )
+    ap.add_argument(
+        "--curve-pairs",
+        type=int,
+        help="score the loss-vs-time snapshots of the first N pairs only (each costs 6 evaluations)",
+    )
     ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's own choice)")
     ap.add_argument("--lstm-speed", action="store_true")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"native bf16: {torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"native bf16: {torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()}",
+        flush=True,
+    )
     if args.lstm_speed:
         for _ in range(args.repeat):  # alternate, so noise hits both alike
             for precision in ("fp32", "auto"):
@@ -201,8 +264,11 @@ def main() -> None:
             ref = reference(tokenizer, batches, seed, args.ref_iters, args.curve_pairs is None or i < args.curve_pairs)
             print(json.dumps(ref), flush=True)
             runs.append(ref)
-            runs.append(charlm(tokenizer, batches, seed, ref["seconds"], times=[t for t, _, _ in ref["curve"]],
-                               overrides=overrides))
+            runs.append(
+                charlm(
+                    tokenizer, batches, seed, ref["seconds"], times=[t for t, _, _ in ref["curve"]], overrides=overrides
+                )
+            )
         print(json.dumps(runs[-1]), flush=True)
     summary(runs)
 

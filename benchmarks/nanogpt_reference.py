@@ -30,9 +30,25 @@ from torch import nn
 from torch.nn import functional as F
 
 # config/train_shakespeare_char.py + the README's CPU overrides (train.py's defaults for the rest)
-RECIPE = {"batch_size": 12, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "bias": False,
-          "learning_rate": 1e-3, "max_iters": 2000, "lr_decay_iters": 2000, "min_lr": 1e-4, "warmup_iters": 100,
-          "weight_decay": 1e-1, "beta1": 0.9, "beta2": 0.99, "grad_clip": 1.0, "seed": 1337}
+RECIPE = {
+    "batch_size": 12,
+    "block_size": 64,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_embd": 128,
+    "dropout": 0.0,
+    "bias": False,
+    "learning_rate": 1e-3,
+    "max_iters": 2000,
+    "lr_decay_iters": 2000,
+    "min_lr": 1e-4,
+    "warmup_iters": 100,
+    "weight_decay": 1e-1,
+    "beta1": 0.9,
+    "beta2": 0.99,
+    "grad_clip": 1.0,
+    "seed": 1337,
+}
 
 
 # ---- model.py -----------------------------------------------------------------------------------
@@ -68,8 +84,9 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0,
-                                           is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -114,13 +131,15 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(config.vocab_size, config.n_embd),
-            "wpe": nn.Embedding(config.block_size, config.n_embd),
-            "drop": nn.Dropout(config.dropout),
-            "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            "ln_f": LayerNorm(config.n_embd, bias=config.bias),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, config.n_embd),
+                "wpe": nn.Embedding(config.block_size, config.n_embd),
+                "drop": nn.Dropout(config.dropout),
+                "h": nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                "ln_f": LayerNorm(config.n_embd, bias=config.bias),
+            }
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -138,7 +157,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         _, t = idx.size()
-        assert t <= self.config.block_size, f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}"
+        assert t <= self.config.block_size, (
+            f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}"
+        )
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)  # shape (t)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
@@ -155,8 +176,10 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
         # every 2D tensor (matmul weights, embeddings) is decayed; biases and layernorms are not
-        groups = [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [
+            {"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0},
+        ]
         fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
 
@@ -187,8 +210,17 @@ def train(train_data: np.ndarray, vocab_size: int, recipe: dict = RECIPE, on_ite
     is called after each optimizer step (its own time is not counted)."""
     r = recipe
     torch.manual_seed(r["seed"])
-    model = GPT(GPTConfig(block_size=r["block_size"], vocab_size=vocab_size, n_layer=r["n_layer"], n_head=r["n_head"],
-                          n_embd=r["n_embd"], dropout=r["dropout"], bias=r["bias"]))
+    model = GPT(
+        GPTConfig(
+            block_size=r["block_size"],
+            vocab_size=vocab_size,
+            n_layer=r["n_layer"],
+            n_head=r["n_head"],
+            n_embd=r["n_embd"],
+            dropout=r["dropout"],
+            bias=r["bias"],
+        )
+    )
     optimizer = model.configure_optimizers(r["weight_decay"], r["learning_rate"], (r["beta1"], r["beta2"]), "cpu")
     model.train()
     X, Y = get_batch(train_data, r["batch_size"], r["block_size"])  # fetch the very first batch
