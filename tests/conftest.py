@@ -17,6 +17,34 @@ from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.train import Trainer
 
+# ---- a small corpus and the flags of a tiny training run, for the CLI, signal and disk tests -------
+
+CITIZENS = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+    "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+) * 12
+TINY = [
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--sample-tokens",
+    "0",
+    "--warmup",
+    "5",
+    "--device",
+    "cpu",
+]
+
+
 # ---- helpers the test files share -------------------------------------------------------------------
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences a terminal program writes

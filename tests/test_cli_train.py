@@ -17,41 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, one_line_error
+from conftest import CITIZENS, TINY, cli, one_line_error
 
 from charlm import checkpoint
 from charlm.train import Trainer
-
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-    "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 12
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--sample-tokens",
-    "0",
-    "--warmup",
-    "5",
-    "--device",
-    "cpu",
-]
 
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "citizens.txt"
-    path.write_text(TEXT, encoding="utf-8")
+    path.write_text(CITIZENS, encoding="utf-8")
     return path
 
 
@@ -83,7 +58,7 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "metrics.jsonl"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [10, 20]
-    assert rows[1]["val_loss"] < math.log(len(set(TEXT)))  # it learned something in 20 steps
+    assert rows[1]["val_loss"] < math.log(len(set(CITIZENS)))  # it learned something in 20 steps
 
 
 def test_info_on_a_run_directory_and_a_file(run):
@@ -91,7 +66,7 @@ def test_info_on_a_run_directory_and_a_file(run):
     assert r.exit_code == 0 and r.stderr == ""
     for text in (
         "transformer (1 layers × 32, 2 heads, rope",
-        f"char, {len(set(TEXT))} tokens",
+        f"char, {len(set(CITIZENS))} tokens",
         "10 steps in",
         "nats/token",
         "bits/char",
@@ -115,7 +90,7 @@ def test_info_on_a_run_directory_and_a_file(run):
             "best_val_bpc",
         } <= info.keys()
         assert info["model"] == "transformer" and info["tokenizer"] == "char"
-        assert info["vocab_size"] == len(set(TEXT)) and info["steps"] == 10
+        assert info["vocab_size"] == len(set(CITIZENS)) and info["steps"] == 10
         assert info["params"] == sum(p.numel() for p in checkpoint.load(target).model.parameters())
         assert info["best_val_bpc"] == pytest.approx(info["best_val_loss"] / math.log(2))
         assert info["train_seconds"] > 0 and info["corpus"] == "citizens.txt"
@@ -155,11 +130,11 @@ def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
 
 def test_crlf_corpus_simply_works(tmp_path):
     crlf = tmp_path / "windows.txt"
-    crlf.write_bytes(TEXT.replace("\n", "\r\n").encode("utf-8"))
+    crlf.write_bytes(CITIZENS.replace("\n", "\r\n").encode("utf-8"))
     train(crlf, tmp_path / "run", "--steps", 3)
     ckpt = checkpoint.load(tmp_path / "run")
     assert "\r" not in ckpt.tokenizer.decode(list(range(ckpt.tokenizer.vocab_size)))
-    assert ckpt.tokenizer.vocab_size == len(set(TEXT))
+    assert ckpt.tokenizer.vocab_size == len(set(CITIZENS))
 
 
 # ---- resume -------------------------------------------------------------------------------------
@@ -384,7 +359,7 @@ def test_resume_refusals(run, corpus, tmp_path, monkeypatch, name):
 
 def test_resume_with_another_text(run, tmp_path):
     other = tmp_path / "other.txt"
-    other.write_text(TEXT.lower(), encoding="utf-8")
+    other.write_text(CITIZENS.lower(), encoding="utf-8")
     before = (run / "last.pt").read_bytes()
     one_line_error(
         cli("train", other, "--out", run, "--resume", "--steps", 20),

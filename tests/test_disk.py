@@ -13,34 +13,10 @@ from pathlib import Path
 import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import CITIZENS, TINY
 
 from charlm import checkpoint
 from charlm.cli import main
-
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-    "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 12
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--sample-tokens",
-    "0",
-    "--warmup",
-    "5",
-    "--device",
-    "cpu",
-]
 
 
 @pytest.fixture
@@ -90,7 +66,7 @@ def one_line_error(r, *fragments: str) -> str:
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "citizens.txt"
-    path.write_text(TEXT, encoding="utf-8")
+    path.write_text(CITIZENS, encoding="utf-8")
     return path
 
 
@@ -127,7 +103,7 @@ def test_a_full_disk_while_encoding_the_corpus(corpus, tmp_path, small_disk, mon
     cache = small_disk(64 * 1024)
     monkeypatch.setenv("CHARLM_CACHE", str(cache))
     big = tmp_path / "big.txt"
-    big.write_text(TEXT * 40, encoding="utf-8")  # 200 KB of text: 400 KB of token ids
+    big.write_text(CITIZENS * 40, encoding="utf-8")  # 200 KB of text: 400 KB of token ids
     one_line_error(
         charlm("train", big, *TINY, "--steps", 1, "--out", tmp_path / "run"),
         f"no space left on device writing {cache / 'tokens'} (the token cache): free some space, "

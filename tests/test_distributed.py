@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import CITIZENS
 
 from charlm import checkpoint
 from charlm.cli import main
@@ -27,10 +28,6 @@ from charlm.data import Batches, load_tokens, prepare
 from charlm.models import build_model
 from charlm.train import Trainer, lr_at, make_optimizer
 
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-    "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 12
 TINY = [
     "--layers",
     "1",
@@ -58,7 +55,7 @@ def no_torchrun_env(monkeypatch):
 
 
 def write_corpus(path: Path) -> Path:
-    path.write_text(TEXT, encoding="utf-8")
+    path.write_text(CITIZENS, encoding="utf-8")
     return path
 
 

@@ -16,34 +16,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import CITIZENS, TINY
 
 from charlm import checkpoint
 from charlm.cli import main
 
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-    "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 12
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--sample-tokens",
-    "0",
-    "--warmup",
-    "5",
-    "--device",
-    "cpu",
-]
 # a run that spends most of its time writing checkpoints: an LSTM with big matrices, tiny batches and an
 # evaluation (best.pt, last.pt: 6 MB each) after every step
 SAVING = [
@@ -73,7 +50,7 @@ SAVING = [
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "citizens.txt"
-    path.write_text(TEXT, encoding="utf-8")
+    path.write_text(CITIZENS, encoding="utf-8")
     return path
 
 
@@ -261,7 +238,7 @@ def test_temp_files_of_a_killed_encoding_are_removed_by_the_next_run(tmp_path):
     """The same for the token cache: a process killed while encoding a corpus left its temp file (as large
     as the encoded corpus) in the cache forever."""
     big = tmp_path / "big.txt"
-    big.write_text(TEXT * 2000, encoding="utf-8")  # 10 MB: encoding it takes a while
+    big.write_text(CITIZENS * 2000, encoding="utf-8")  # 10 MB: encoding it takes a while
     run = Train(tmp_path, big, *TINY, "--steps", 1, "--out", tmp_path / "run")
     left = kill_while_writing(run, tmp_path / "cache" / "tokens")
     assert left.exists()
