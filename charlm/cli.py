@@ -420,7 +420,7 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     console = Console(
         highlight=False, soft_wrap=True, quiet=not me.is_main
     )  # soft_wrap: no cuts at 80 columns in a pipe
-    view = TrainView(console)
+    view = TrainView(console, corpus=corpus)
     # rank 0 holds the run directory until it exits: a second training into it is refused meanwhile
     lock = runs.RunLock(out) if me.is_main else None
     try:

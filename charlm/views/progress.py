@@ -17,8 +17,9 @@ from charlm.views.text import safe, safe_text, shell_quote
 class TrainView:
     """Call it with each training event."""
 
-    def __init__(self, console: Console, log_every: int = 50):
+    def __init__(self, console: Console, log_every: int = 50, corpus: str = "CORPUS"):
         self.console = console
+        self.corpus = corpus  # the path the user trained on, for the resume command the summary prints
         self.live = console.is_terminal
         self.log_every = log_every
         self.progress: Progress | None = None
@@ -158,7 +159,9 @@ class TrainView:
                 f"({uniform:.2f}): the model has barely started to learn. Continue it with a larger total time:"
             )
             self.console.print(
-                f"  charlm train CORPUS --out {run} --resume --max-time 10m", markup=False, highlight=False
+                f"  charlm train {shell_quote(self.corpus)} --out {run} --resume --max-time 10m",
+                markup=False,
+                highlight=False,
             )
         self.console.print("\n[bold]try next:[/]")
         self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
