@@ -33,6 +33,7 @@ from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
 from charlm.generate import Streamer
 from charlm.models import build_model, count_params
+from charlm.optim import make_optimizer
 from charlm.runtime import autocast_dtype, pick_device
 from charlm.tokenizer import tokenizer_from_json
 
@@ -130,84 +131,6 @@ def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
     progress = min(progress, 1.0)
     min_lr = cfg.lr * cfg.min_lr_ratio
     return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
-
-
-class Optimizers:
-    """Several optimizers stepped as one (Muon for hidden matrices, AdamW for the rest).
-
-    Each param group carries an "lr_scale": the schedule sets lr = scheduled lr * lr_scale."""
-
-    def __init__(self, optimizers: list[torch.optim.Optimizer]):
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [g for o in self.optimizers for g in o.param_groups]
-
-    def set_lr(self, lr: float) -> None:
-        for group in self.param_groups:
-            group["lr"] = lr * group["lr_scale"]
-
-    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
-        """One step of each; with fp16's scaler, through it (it skips a step whose gradients overflowed)."""
-        for o in self.optimizers:
-            if scaler:
-                scaler.step(o)
-            else:
-                o.step()
-        if scaler:
-            scaler.update()
-
-    def unscale(self, scaler: torch.amp.GradScaler | None) -> None:
-        """Divide the gradients by fp16's loss scale, so clipping sees the true ones."""
-        for o in self.optimizers if scaler else ():
-            scaler.unscale_(o)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [o.state_dict() for o in self.optimizers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state.get("optimizers", [])) != len(self.optimizers):
-            raise ConfigError(
-                "the checkpoint's optimizer state does not match --optimizer: resume with the same optimizer"
-            )
-        for o, s in zip(self.optimizers, state["optimizers"]):
-            o.load_state_dict(s)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str) -> Optimizers:
-    """AdamW; or, with cfg.optimizer == "muon", Muon for the 2-D weights inside the network (attention,
-    MLP, recurrent matrices) and AdamW for embeddings, the output head, norms and biases (Muon is
-    only meant for hidden matrices)."""
-    named = {id(p): (n, p) for n, p in model.named_parameters() if p.requires_grad}.values()  # tied weights once
-    hidden = lambda n, p: p.dim() == 2 and not n.startswith(("tok_emb", "pos_emb", "head"))  # noqa: E731
-    adam = dict(betas=(0.9, cfg.beta2), fused=device == "cuda")
-    if cfg.optimizer == "muon":
-        muon = [p for n, p in named if hidden(n, p)]
-        rest = [(n, p) for n, p in named if not hidden(n, p)]
-        groups = [
-            {"params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
-            {"params": [p for n, p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
-        ]
-        return Optimizers(
-            [
-                torch.optim.Muon(
-                    [{"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}], lr=cfg.muon_lr, weight_decay=0.0
-                ),
-                torch.optim.AdamW(groups, lr=cfg.lr, **adam),
-            ]
-        )
-    decay = [p for n, p in named if p.dim() >= 2]  # matrices and embeddings
-    no_decay = [p for n, p in named if p.dim() < 2]  # norms and biases
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
-        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
-    ]
-    return Optimizers([torch.optim.AdamW(groups, lr=cfg.lr, **adam)])
 
 
 @torch.no_grad()
