@@ -5,6 +5,7 @@ swapping for minutes or dying with an allocator's trace."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 
@@ -33,12 +34,29 @@ def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
     return params_estimate(m, vocab) * STATE_BYTES, activations
 
 
+CGROUP = Path("/sys/fs/cgroup")  # where a container's memory limit is read (cgroup v2, or v1's memory/)
+
+
 def available(device: str) -> int | None:
-    """Bytes free for a new run on device: the GPU's free memory, or the system's MemAvailable (None: unknown)."""
+    """Bytes free for a new run on device: the GPU's free memory; on the CPU the least of the system's
+    MemAvailable, the room left under this process's cgroup limit (a container's --memory) and under its
+    address-space limit (ulimit -v). None: unknown."""
     if device == "cuda":
         import torch
 
         return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None  # absent: said later, once
+    known = [x for x in (_mem_available(), _cgroup_room(), _address_space_room()) if x is not None]
+    return min(known) if known else None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # absent, unreadable, or "max" (no limit)
+        return None
+
+
+def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -50,6 +68,33 @@ def available(device: str) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
+
+
+def _cgroup_room() -> int | None:
+    for limit, usage in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
+        cap, used = _read_int(CGROUP / limit), _read_int(CGROUP / usage)
+        if cap is not None and cap < 1 << 60 and used is not None:  # v1 writes "no limit" as a huge number
+            return max(cap - used, 0)
+    return None
+
+
+def _address_space_room() -> int | None:
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(soft - size, 0)
 
 
 def _human(n: float) -> str:
