@@ -17,6 +17,11 @@ from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.train import Trainer
 
+# A terminal's size comes from the terminal (the pty tests) or Rich's default of 80 columns (CliRunner),
+# never from the environment of whoever runs the tests: Rich reads LINES and COLUMNS before the pty's size.
+for _var in ("LINES", "COLUMNS"):
+    os.environ.pop(_var, None)
+
 # ---- a small corpus and the flags of a tiny training run, for the CLI, signal and disk tests -------
 
 CITIZENS = (
