@@ -111,7 +111,10 @@ def train_once(device: str, steps: int, warmup: int, compile: bool, seed: int, o
 def train_part(args) -> list[dict]:
     variants = [dict(compile=False, overrides={}), dict(compile=True, overrides={})]
     for bs in args.batch_sizes:
-        variants += [dict(compile=False, overrides={"batch_size": bs}), dict(compile=True, overrides={"batch_size": bs})]
+        variants += [
+            dict(compile=False, overrides={"batch_size": bs}),
+            dict(compile=True, overrides={"batch_size": bs}),
+        ]
     rows = {i: [] for i in range(len(variants))}
     for r in range(args.repeats):
         for i, v in enumerate(variants):  # interleaved, so drift hits each variant alike
@@ -197,7 +200,9 @@ def main() -> None:
     peaks = {"datasheet": datasheet_peak(), "measured": measured_peak(args.device)}
     print(json.dumps({"peak_bf16_flop_per_s": peaks}), flush=True)
     if "train" in args.parts:
-        print("\n| batch | --compile | tokens/s (median) | runs | MFU datasheet | MFU measured peak | first steps s | peak GiB | val loss |")
+        print(
+            "\n| batch | --compile | tokens/s (median) | runs | MFU datasheet | MFU measured peak | first steps s | peak GiB | val loss |"
+        )
         print("|---:|---|---:|---|---:|---:|---:|---:|---:|")
         for m in train_part(args):
             mfu = [f"{m['flop_per_s'] / p:.1%}" if p else "-" for p in (peaks["datasheet"], peaks["measured"])]

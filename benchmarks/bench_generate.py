@@ -2,14 +2,14 @@
 
     python benchmarks/bench_generate.py              # 3 repeats, ~5 minutes on a 2-core CPU
     python benchmarks/bench_generate.py --repeats 1  # a quick look
-    python benchmarks/bench_generate.py --size nanoGPT --variants cache --top-k 200 --tokens 500 --json
-        # issue 12's case; it runs against any charlm on PYTHONPATH (e.g. the main branch, side by side)
+    python benchmarks/bench_generate.py --size nanoGPT --variants cache "nanoGPT generate()" --top-k 200 --tokens 500
+        # issue 12's case: charlm's cached sampling against nanoGPT's own generate() at the same size
     python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Streamer(fast_decode=False): what the numpy step buys) and
-without the cache; the time per token over the first and the last 100 tokens (flat = once the
+cache but the torch one-token step (Streamer(fast_decode=False): what the numpy step buys),
+without the cache, and nanoGPT's own generate() (benchmarks/nanogpt_reference.py) on a model of the same size; the time per token over the first and the last 100 tokens (flat = once the
 window is full, the rolling cache costs what filling it did); and the time to the first token after
 a prompt of half the context.
 
@@ -25,10 +25,14 @@ import json
 import math
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nanogpt_reference as nanogpt
 
 from charlm import checkpoint
 from charlm.config import ModelConfig, preset
@@ -43,14 +47,36 @@ TEXT = (
 TOKENIZER = CharTokenizer.train([TEXT + "".join(chr(c) for c in range(32, 127))])  # 95 printable chars + newline
 
 SIZES = {
-    "tiny preset (4×128, 4 heads, context 128)": dict(preset("transformer", "tiny")[0]),
+    "tiny preset (4×128, 4 heads, context 256, dropout 0)": dict(preset("transformer", "tiny")[0]),
     "nanoGPT size (4×128, 4 heads, context 64)": dict(n_layers=4, d_model=128, n_heads=4, context=64),
     "4×128, 4 heads, context 256": dict(n_layers=4, d_model=128, n_heads=4, context=256),
 }
-VARIANTS = ("cache", "cache, torch step", "no cache")
+VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()")
+
+
+def nanogpt_once(model, n_tokens: int, seed: int, top_k: int) -> dict:
+    """nanoGPT's own generate() on a model of the same size (benchmarks/nanogpt_reference.py), with torch's
+    default threads, as its sample.py runs it."""
+    cfg = model.cfg
+    gpt = nanogpt.GPT(
+        nanogpt.GPTConfig(
+            block_size=cfg.context, vocab_size=cfg.vocab_size, n_layer=cfg.n_layers, n_head=cfg.n_heads,
+            n_embd=cfg.d_model, dropout=0.0, bias=False,
+        )
+    ).eval()  # fmt: skip
+    prompt = torch.tensor([TOKENIZER.encode(TEXT[: cfg.context // 2])])
+    torch.manual_seed(seed)
+    cpu, t0 = time.process_time(), time.perf_counter()
+    out = gpt.generate(prompt, n_tokens, temperature=0.8, top_k=top_k or None)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    assert out.size(1) == prompt.size(1) + n_tokens
+    return {"tokens_per_s": n_tokens / seconds, "tokens_per_cpu_s": n_tokens / cpu, "ttft_ms": float("nan"),
+            "first100_ms": float("nan"), "last100_ms": float("nan")}  # fmt: skip
 
 
 def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
+    if variant == "nanoGPT generate()":
+        return nanogpt_once(model, n_tokens, seed, top_k)
     torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
     gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
@@ -148,20 +174,21 @@ def main() -> None:
                 f"| {size}, {params / 1e6:.2f}M params | {n:,} | {v} | {m['tokens_per_s']:,.0f} | {m['tokens_per_cpu_s']:,.0f} | "
                 f"{m['first100_ms']:.3f} | {m['last100_ms']:.3f} | {m['ttft_ms']:.1f} |"
             )
-    if args.variants != list(VARIANTS):
+    others = [v for v in args.variants if v != "cache"]
+    if "cache" not in args.variants or not others:
         return
     print()
-    print("ratios of the medians: wall clock (per CPU-second in brackets)")
+    print("ratios of the medians: the cache's tokens/s over each other variant's, wall clock (per CPU-second)")
     print()
-    print("| model | new tokens | cache ÷ no cache | cache ÷ torch step | last ÷ first 100 (cache) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| model | new tokens | " + " | ".join(f"cache ÷ {v}" for v in others) + " | last ÷ first 100 (cache) |")
+    print("|---|---:|" + "---:|" * (len(others) + 1))
     for size, _params, n, med in rows:
-        c, t, u = med["cache"], med["cache, torch step"], med["no cache"]
-        print(
-            f"| {size} | {n:,} | {c['tokens_per_s'] / u['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / u['tokens_per_cpu_s']:.1f}×) | "
-            f"{c['tokens_per_s'] / t['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:.1f}×) | "
-            f"{c['last100_ms'] / c['first100_ms']:.2f} |"
-        )
+        c = med["cache"]
+        cells = [
+            f"{c['tokens_per_s'] / med[v]['tokens_per_s']:.1f}× ({c['tokens_per_cpu_s'] / med[v]['tokens_per_cpu_s']:.1f}×)"
+            for v in others
+        ]
+        print(f"| {size} | {n:,} | " + " | ".join(cells) + f" | {c['last100_ms'] / c['first100_ms']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -173,6 +173,21 @@ class GPT(nn.Module):
             loss = None
         return logits, loss
 
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """nanoGPT's generate(), as published: the whole (cropped) window through the model for every token."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("Inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
         # every 2D tensor (matmul weights, embeddings) is decayed; biases and layernorms are not
