@@ -41,7 +41,8 @@ from charlm.config import MODEL_KEYS, ModelConfig, TrainConfig, preset
 from charlm.data import Batches, load_tokens, prepare
 from charlm.evaluate import evaluate_ids
 from charlm.models import build_model
-from charlm.train import Stepped, Trainer, autocast_dtype, make_optimizer
+from charlm.optim import make_optimizer
+from charlm.train import Stepped, Trainer, autocast_dtype
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"
 CURVE = (0.25, 0.5, 0.75)  # curve points, as fractions of the reference's iterations

@@ -26,7 +26,8 @@ from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
 from charlm.models import build_model
-from charlm.train import Trainer, lr_at, make_optimizer
+from charlm.optim import make_optimizer
+from charlm.train import Trainer, lr_at
 
 TINY = [
     "--layers",
