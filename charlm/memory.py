@@ -71,14 +71,24 @@ def _mem_available() -> int | None:
 
 
 def _cgroup_room() -> int | None:
-    for limit, usage in (
-        ("memory.max", "memory.current"),
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    # usage counts the page cache too; its inactive part is reclaimed before the limit bites (the kubelet's
+    # "working set"), so it is not counted as taken
+    for limit, usage, stat, inactive in (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat", "total_inactive_file"),
     ):
         cap, used = _read_int(CGROUP / limit), _read_int(CGROUP / usage)
         if cap is not None and cap < 1 << 60 and used is not None:  # v1 writes "no limit" as a huge number
-            return max(cap - used, 0)
+            return max(cap - used + _stat(CGROUP / stat, inactive), 0)
     return None
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        with open(path) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(key + " ")), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _address_space_room() -> int | None:

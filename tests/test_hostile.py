@@ -420,6 +420,10 @@ def test_a_containers_memory_limit_counts_in_the_memory_estimate(tmp_path, monke
     assert memory._cgroup_room() is None
     (tmp_path / "memory.max").write_text("1000000000\n")
     assert memory._cgroup_room() == 600_000_000 and memory.available("cpu") <= 600_000_000
+    # inactive page cache is reclaimable: not counted as taken
+    (tmp_path / "memory.stat").write_text("anon 300000000\nfile 100000000\ninactive_file 50000000\n")
+    assert memory._cgroup_room() == 650_000_000
+    (tmp_path / "memory.stat").unlink()
     for f in ("memory.max", "memory.current"):
         (tmp_path / f).unlink()
     (tmp_path / "memory").mkdir()  # cgroup v1: "no limit" is a huge number
