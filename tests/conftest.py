@@ -28,17 +28,9 @@ CITIZENS = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
     "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 12
+TINY_MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "8"]
 TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
+    *TINY_MODEL,
     "--eval-iters",
     "2",
     "--sample-tokens",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import TINY_MODEL
 
 from charlm import checkpoint
 from charlm.cli import main
@@ -22,24 +23,7 @@ from charlm.train import Stepped, Trainer
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 40
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--sample-tokens",
-    "0",
-    "--warmup",
-    "2",
-]
+TINY = [*TINY_MODEL, "--eval-iters", "2", "--sample-tokens", "0", "--warmup", "2"]  # on the default device
 
 
 @pytest.fixture

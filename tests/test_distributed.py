@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import CITIZENS
+from conftest import CITIZENS, TINY_MODEL
 
 from charlm import checkpoint
 from charlm.cli import main
@@ -29,24 +29,7 @@ from charlm.models import build_model
 from charlm.optim import make_optimizer
 from charlm.train import Trainer, lr_at
 
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "3",
-    "--warmup",
-    "2",
-    "--device",
-    "cpu",
-]
+TINY = [*TINY_MODEL, "--eval-iters", "3", "--warmup", "2", "--device", "cpu"]
 
 
 @pytest.fixture(autouse=True)

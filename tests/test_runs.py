@@ -15,7 +15,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import tiny_train
+from conftest import TINY, tiny_train
 from rich.console import Console
 
 from charlm import checkpoint, runs
@@ -206,26 +206,9 @@ def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
     r = charlm(
         "train",
         corpus,
-        "--layers",
-        "1",
-        "--d-model",
-        "32",
-        "--heads",
-        "2",
-        "--context",
-        "32",
-        "--batch-size",
-        "8",
+        *TINY,
         "--lr",
         "0.01",
-        "--warmup",
-        "5",
-        "--eval-iters",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--device",
-        "cpu",
         "--steps",
         60,
         "--out",
