@@ -261,15 +261,14 @@ def train(train_data: np.ndarray, vocab_size: int, recipe: dict = RECIPE, on_ite
 
 
 class Scored(nn.Module):
-    """A GPT seen through charlm's model contract (cfg.context, has_attention, forward -> (logits, _)),
+    """A GPT seen through charlm's model contract (cfg.context, window, forward -> (logits, _)),
     so charlm.evaluate scores it with the same windows as a charlm model: no second scoring rule."""
-
-    has_attention = True
 
     def __init__(self, gpt: GPT):
         super().__init__()
         self.gpt = gpt
         self.cfg = SimpleNamespace(context=gpt.config.block_size)
+        self.window = gpt.config.block_size
 
     def forward(self, idx):
         # given targets, GPT.forward returns the logits of every position (without, only the last);

@@ -1,22 +1,34 @@
 """Checkpoints: one self-contained file holding weights, configs, tokenizer (as JSON), training state
-and metrics. Written atomically (temp file + rename) and loaded with weights_only=True: loading never
-executes code from the file.
+and metrics. Written atomically (temp file + rename); never executes code from the file when reading it.
+
+Reading has three depths, all checked the same way:
+  read_header(path)  what the file says of itself, without torch (charlm info, charlm runs)
+  read(path)         and its tensors (a resumed run), via torch.load(weights_only=True)
+  load(path)         and a ready model (every command that runs one)
+The weights' shapes are checked against the config on the header, before any tensor is allocated.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import pickle
+import sys
 import warnings
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from charlm import files
 from charlm.config import ConfigError, ModelConfig, TrainConfig
-from charlm.models import build_model
+from charlm.models import build_model, param_shapes
 from charlm.tokenizer import tokenizer_from_json
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "charlm-checkpoint"
 VERSION = 2  # 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
@@ -29,6 +41,8 @@ class CheckpointError(Exception):
 def save(saved: Saved | dict, path: str | Path) -> None:
     """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one.
     A full disk is a files.WriteError naming the directory; the file already at path stays as it was."""
+    import torch
+
     payload = saved.to_payload() if isinstance(saved, Saved) else saved
     files.atomic_write(path, lambda f: torch.save(payload, f), parents=True)
 
@@ -139,6 +153,8 @@ class Saved:
             raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
 
 
+TENSOR_FIELDS = ("model", "optimizer", "rng", "scaler")  # what holds tensors: read_header leaves them as TensorInfo
+
 # what every checkpoint holds, and the types of the plain values (checked on read)
 REQUIRED = (
     "model_config",
@@ -186,31 +202,114 @@ def _from_v1(data: dict) -> dict:
     return data
 
 
-def _read(p: Path, map_location) -> object:
-    """torch.load with weights_only=True, after checks that turn every failure into a clear error."""
+def _open_archive(p: Path) -> zipfile.ZipFile:
+    """The checkpoint's zip archive (torch.save writes one), after checks that turn every failure into a clear error."""
     try:
         with open(p, "rb") as f:
             magic = f.read(4)
     except OSError as e:
         raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
-    if magic != b"PK\x03\x04":  # torch.save writes a zip archive; anything else is not ours
+    if magic != b"PK\x03\x04":  # anything else is not ours
         raise CheckpointError(f"{p} is not a charlm checkpoint (not a PyTorch archive)")
     try:
-        with zipfile.ZipFile(p) as z:
-            bad = z.testzip()  # torch.load skips the CRCs: a damaged weight would load silently
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        z = zipfile.ZipFile(p)
+        bad = z.testzip()  # torch.load skips the CRCs: a damaged weight would load silently
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
         raise CheckpointError(f"{p} is truncated or corrupt ({e}); train again or use another checkpoint") from None
     if bad is not None:
+        z.close()
         raise CheckpointError(f"{p} is corrupt ({bad} fails its checksum); train again or use another checkpoint")
+    return z
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor as the header describes it, without its values: what checks need before anything is allocated."""
+
+    dtype: str  # the storage's type, e.g. "FloatStorage"
+    key: str  # where its storage lies in the archive: <archive>/data/<key>
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    storage_numel: int  # values the file holds for it
+
+    def holds_its_values(self) -> bool:
+        """The storage covers every element the shape and strides reach, and each element has its own
+        value (no zero stride: a crafted file could make a huge tensor of a few stored numbers)."""
+        if any(n < 0 for n in (*self.shape, *self.stride, self.offset)):
+            return False
+        if math.prod(self.shape) == 0:
+            return True
+        reach = self.offset + sum((n - 1) * st for n, st in zip(self.shape, self.stride)) + 1
+        return all(st > 0 for n, st in zip(self.shape, self.stride) if n > 1) and reach <= self.storage_numel
+
+
+_STORAGES = {  # torch's storage classes in a data.pkl, by element size (what the header needs of them)
+    "FloatStorage": 4, "DoubleStorage": 8, "HalfStorage": 2, "BFloat16Storage": 2, "LongStorage": 8,
+    "IntStorage": 4, "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1, "BoolStorage": 1,
+}  # fmt: skip
+
+
+class _HeaderUnpickler(pickle.Unpickler):
+    """Reads a checkpoint's data.pkl without torch: plain values as they are, every tensor as a TensorInfo.
+    Like torch.load(weights_only=True), it refuses every class and function but the few a state dict
+    names, so a crafted file runs no code here either."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _tensor_info
+        if module == "torch" and name in _STORAGES:
+            return name
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed (GLOBAL)")
+
+    def persistent_load(self, pid):
+        # torch's storages: ("storage", storage class, key, location, number of values)
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and pid[1] in _STORAGES):
+            raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:40]}")
+        if not isinstance(pid[4], int) or pid[4] < 0 or not isinstance(pid[2], str):
+            raise pickle.UnpicklingError("a storage of a negative or non-integer size")
+        return pid[1], pid[2], pid[4]
+
+
+def _tensor_info(storage, offset, size, stride, *_rest) -> TensorInfo:
+    kind, key, numel = storage
+    ints = lambda xs: isinstance(xs, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)  # noqa: E731
+    if not (isinstance(offset, int) and ints(size) and ints(stride) and len(size) == len(stride)):
+        raise pickle.UnpicklingError("a tensor with a malformed shape")
+    return TensorInfo(kind, key, tuple(size), tuple(stride), offset, numel)
+
+
+def _header(p: Path, z: zipfile.ZipFile) -> object:
+    names = [n for n in z.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(names) != 1:
+        raise CheckpointError(f"{p} is not a charlm checkpoint (a zip archive, but not one PyTorch wrote)")
+    if names[0].replace("data.pkl", "byteorder") in z.namelist():
+        if z.read(names[0].replace("data.pkl", "byteorder")) != sys.byteorder.encode():
+            raise CheckpointError(f"{p} was written on a machine of another byte order: it cannot be read here")
+    try:
+        with z.open(names[0]) as f:
+            return _HeaderUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" in str(e):  # it names a class or function: the file wants to run code
+            raise CheckpointError(
+                f"{p} is not a charlm checkpoint: it holds Python objects, which are never loaded (only tensors and plain data)"
+            ) from None
+        raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
+    except Exception as e:  # zip errors, truncated pickles, recursion: the file is unusable
+        raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
+
+
+def _load_tensors(p: Path, map_location) -> object:
+    """torch.load with weights_only=True: tensors and plain containers only, so a crafted file cannot run code."""
+    import torch
+
     try:
         with warnings.catch_warnings():  # torch's warnings would be extra lines on the user's terminal
             warnings.simplefilter("ignore")
             return torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if "GLOBAL" in str(e):  # weights_only refused a class or function: the file wants to run code
-            raise CheckpointError(
-                f"{p} is not a charlm checkpoint: it holds Python objects, which are never loaded (only tensors and plain data)"
-            ) from None
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
     except Exception as e:  # zip, storage and OS errors alike: the file is unusable
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
@@ -222,17 +321,41 @@ def _last_words(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
+def read_header(path: str | Path) -> Saved:
+    """What a checkpoint says of itself (configs, tokenizer, step, scores), with every check, without torch:
+    the model, optimizer and rng hold TensorInfo, not tensors. For info and runs."""
+    p = resolve(path)
+    with _open_archive(p) as z:
+        saved = _typed(p, _header(p, z))
+        _check_weights(saved, p, z)
+    _tokenizer(saved, p)
+    return saved
+
+
 def read(path: str | Path, map_location="cpu") -> Saved:
     """The checkpoint's contents, typed and checked for consistency (config, weights and tokenizer agree),
-    without building a model. weights_only=True: tensors and plain containers only, so a crafted file
-    cannot run code while loading."""
+    without building a model: what a resumed run continues from."""
     return _checked(resolve(path), map_location)[0]
 
 
 def _checked(p: Path, map_location) -> tuple[Saved, object]:
-    """(the contents, the tokenizer), after every check that needs no real model."""
-    saved = _typed(p, map_location)
-    _check_weights(saved, p)
+    """(the contents, the tokenizer), after every check that needs no model. The weights' shapes are checked
+    against the config on the header, before torch.load allocates anything for them."""
+    with _open_archive(p) as z:
+        header = _typed(p, _header(p, z))
+        _check_weights(header, p, z)
+    tokenizer = _tokenizer(header, p)
+    data = _load_tensors(p, map_location)
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise CheckpointError(f"{p} is not a readable charlm checkpoint (its tensors do not match its header)")
+    saved = replace(header, **{k: data.get(k) for k in TENSOR_FIELDS})
+    for name, info in header.model.items():  # torch.load read the same bytes: the same tensors, unless crafted
+        if getattr(saved.model.get(name), "shape", None) != info.shape:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint (its tensors do not match its header)")
+    return saved, tokenizer
+
+
+def _tokenizer(saved: Saved, p: Path):
     try:
         tokenizer = tokenizer_from_json(saved.tokenizer)
     except Exception as e:
@@ -247,15 +370,14 @@ def _checked(p: Path, map_location) -> tuple[Saved, object]:
             f"{p} is an inconsistent charlm checkpoint: it holds a {tokenizer.kind} tokenizer, "
             f"its config says {saved.train_config.tokenizer}; train again or use another checkpoint"
         )
-    return saved, tokenizer
+    return tokenizer
 
 
-def _check_weights(saved: Saved, p: Path) -> None:
-    """The stored tensors must be exactly what the config describes, compared on a model built on the
-    meta device (shapes, no memory). Each must also hold its own data (no zero-stride expansion), so the
-    model loaded later is never larger than the file: a crafted config cannot make charlm allocate."""
-    with torch.device("meta"):
-        expected = build_model(saved.model_config).state_dict()
+def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
+    """The stored tensors must be exactly what the config describes (models.param_shapes, by arithmetic),
+    each holding its own values (the model loaded later is never larger than the file, so a crafted config
+    cannot make charlm allocate), and those values must be finite numbers."""
+    expected = param_shapes(saved.model_config)
     m = saved.model_config
     bad = f"{p} is an inconsistent charlm checkpoint: its weights do not match its config ({m.kind}, layers {m.n_layers}, d_model {m.d_model}"
     missing = sorted(expected.keys() - saved.model.keys())
@@ -268,16 +390,37 @@ def _check_weights(saved: Saved, p: Path) -> None:
         raise CheckpointError(f"{bad}: {what})")
     for name, want in expected.items():
         t = saved.model[name]
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, TensorInfo):
             raise CheckpointError(f"{bad}: {name} is not a tensor)")
-        if t.shape != want.shape:
-            raise CheckpointError(f"{bad}: {name} is {tuple(t.shape)}, the config needs {tuple(want.shape)})")
-        if t.untyped_storage().nbytes() < t.numel() * t.element_size():
-            raise CheckpointError(f"{bad}: {name} does not hold its {t.numel():,} values)")
+        if t.shape != want:
+            raise CheckpointError(f"{bad}: {name} is {t.shape}, the config needs {want})")
+        if not t.holds_its_values():
+            raise CheckpointError(f"{bad}: {name} does not hold its {math.prod(t.shape):,} values)")
+        if t.dtype not in FLOATS:
+            raise CheckpointError(f"{bad}: {name} holds {t.dtype[: -len('Storage')].lower()} values, not floats)")
+    prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
+    for name, t in saved.model.items():  # numpy on the stored bytes: no torch, no copy of the model
+        try:
+            values = np.frombuffer(z.read(f"{prefix}data/{t.key}"), dtype=FLOATS[t.dtype])
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
+        if values.size != t.storage_numel:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({name}'s values are not all there)")
+        if t.dtype == "BFloat16Storage":  # the upper half of a float32: all exponent bits set is inf or NaN
+            finite = ((values & 0x7F80) != 0x7F80).all()
+        else:
+            finite = np.isfinite(values).all()
+        if not finite:
+            raise CheckpointError(
+                f"{p} holds damaged weights: {NONFINITE.format(tensor=name)}; train again or use another checkpoint"
+            )
 
 
-def _typed(p: Path, map_location) -> Saved:
-    data = _read(p, map_location)
+FLOATS = {"FloatStorage": "<f4", "DoubleStorage": "<f8", "HalfStorage": "<f2", "BFloat16Storage": "<u2"}
+NONFINITE = "{tensor} has NaN or infinite values"  # on load, and when training makes such weights
+
+
+def _typed(p: Path, data: object) -> Saved:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{p} is not a charlm checkpoint (a PyTorch file written by something else)")
     version = data.get("version")

@@ -377,11 +377,11 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     """Train a language model on CORPUS (a UTF-8 text file).
 
     Several processes: charlm train CORPUS --nproc N, or torchrun --nproc-per-node N -m charlm train CORPUS."""
+    model_cfg, train_cfg = _configs(preset_name, flags)  # (before torch is imported: a bad flag is refused at once)
     from charlm import distributed
     from charlm import train as trainer
     from charlm.views.progress import TrainView
 
-    model_cfg, train_cfg = _configs(preset_name, flags)
     me = distributed.env()
     if resume:
         out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
@@ -477,16 +477,23 @@ def _configs(preset_name: str | None, flags: dict) -> tuple[ModelConfig, TrainCo
         max_time = 120.0
     flags = {**flags, "max_time": max_time, "steps": 1_000_000_000 if steps is None else steps}
     kind = flags["kind"]
-    model_preset, train_preset = preset(
-        kind, preset_name or ("small" if _device_guess(flags["device"]) == "cuda" else "tiny")
-    )
-    # `is None`, never `or`: --steps 0 or --lr 0 must be refused, not replaced by a default
-    pick = lambda cls, base: {
-        f.name: flags[f.name] if flags.get(f.name) is not None else base[f.name]  # noqa: E731
-        for f in dataclasses.fields(cls)
-        if f.name in base or flag_name(f) and flags.get(f.name) is not None
-    }
-    return ModelConfig(**pick(ModelConfig, model_preset)), TrainConfig(**pick(TrainConfig, train_preset)).validate()
+
+    def build(name: str) -> tuple[ModelConfig, TrainConfig]:
+        model_preset, train_preset = preset(kind, name)
+        # `is None`, never `or`: --steps 0 or --lr 0 must be refused, not replaced by a default
+        pick = lambda cls, base: {
+            f.name: flags[f.name] if flags.get(f.name) is not None else base[f.name]  # noqa: E731
+            for f in dataclasses.fields(cls)
+            if f.name in base or flag_name(f) and flags.get(f.name) is not None
+        }
+        model_cfg = ModelConfig(**pick(ModelConfig, model_preset))
+        dataclasses.replace(model_cfg, vocab_size=2).validate()  # the tokenizer sets the real vocabulary size
+        return model_cfg, TrainConfig(**pick(TrainConfig, train_preset)).validate()
+
+    configs = build(preset_name or "tiny")  # a bad flag is refused before the device is known (that needs torch)
+    if preset_name is None and flags["device"] != "cpu" and _device_guess(flags["device"]) == "cuda":
+        configs = build("small")
+    return configs
 
 
 def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
@@ -586,7 +593,7 @@ def _info(path: Path, d: checkpoint.Saved) -> dict:
 def info(ckpt, as_json):
     """Show what a checkpoint (a file or a run directory) holds."""
     path = checkpoint.resolve(ckpt)
-    info = _info(path, checkpoint.read(path))  # checked, and no model built: a file's config never allocates
+    info = _info(path, checkpoint.read_header(path))  # checked without torch: no tensor is read, no model built
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -965,7 +972,7 @@ def attn(
     if overview and (layer is not None or head is not None or mean):
         raise UserError("--overview shows every head: drop --layer/--head/--mean, or drop --overview")
     ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
-    if not ck.model.has_attention:
+    if "attention" not in ck.model.capabilities:
         raise UserError(f"{ck.name} is an LSTM/GRU: it has no attention; try 'charlm gates'")
     opts = AttnOptions(
         layer=layer,
@@ -1003,7 +1010,7 @@ def gates(ckpt, prompt, prompt_file, layer, units, tokens, end, width, ascii, un
     from charlm.views.gates import GateOptions, parse_units, render_gates
 
     ck, ids, console = _viewer_input(ckpt, prompt, prompt_file, unknown, width)
-    if ck.model.has_attention:
+    if "gates" not in ck.model.capabilities:
         raise UserError(f"{ck.name} is a transformer: it has no gates; try 'charlm attn'")
     opts = GateOptions(
         layer=layer, units=parse_units(units) if units else None, tokens=tokens, end=end, ascii=ascii, flags=True

@@ -14,7 +14,14 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-MODEL_KINDS = ("transformer", "lstm", "gru")
+# The model families, by name: the class that implements each, imported only when a model is built (so that
+# commands which only read files never load torch). A new family: its module in charlm/models/ and a line here.
+FAMILIES = {
+    "transformer": "charlm.models.transformer.Transformer",
+    "lstm": "charlm.models.rnn.RNN",
+    "gru": "charlm.models.rnn.RNN",
+}
+MODEL_KINDS = tuple(FAMILIES)
 POSITIONS = ("rope", "learned", "sinusoidal")
 TOKENIZERS = ("char", "bpe")
 PRESETS = ("tiny", "small", "medium")
@@ -71,9 +78,9 @@ def flag(
     return field(default=default, metadata=meta, **kw)
 
 
-def internal(default, **kw):
+def internal(default, applies_to: str | None = None, **kw):
     """A field with no command-line flag: set by code (vocab_size from the tokenizer) or fixed by design."""
-    return field(default=default, metadata=dict(flag=False), **kw)
+    return field(default=default, metadata=dict(flag=False, applies_to=applies_to), **kw)
 
 
 def flag_name(f) -> str | None:
@@ -98,7 +105,18 @@ class ModelConfig:
     context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True)
     dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True)
     positions: str = flag("rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer")
-    mlp_ratio: int = internal(4)  # transformer only: MLP hidden = mlp_ratio * d_model
+    mlp_ratio: int = internal(4, applies_to="transformer")  # MLP hidden = mlp_ratio * d_model
+
+    def applies(self, name: str) -> bool:
+        """Whether the field `name` means anything for this model family (flag(applies_to=...))."""
+        only = next(f.metadata.get("applies_to") for f in fields(self) if f.name == name)
+        return only is None or only == self.kind
+
+    def describe(self) -> str:
+        """The model's shape in a few words: "transformer (4 layers × 128, 4 heads, context 256)"."""
+        heads = f", {self.n_heads} heads" if self.applies("n_heads") else ""
+        layers = f"{self.n_layers} layer{'s' * (self.n_layers != 1)}"
+        return f"{self.kind} ({layers} × {self.d_model}{heads}, context {self.context})"
 
     def validate(self) -> ModelConfig:
         _check(self.kind in MODEL_KINDS, f"unknown model '{self.kind}': choose one of {', '.join(MODEL_KINDS)}")
@@ -107,7 +125,7 @@ class ModelConfig:
         _check(1 <= self.d_model <= 16384, f"--d-model must be between 1 and 16384, got {self.d_model}")
         _check(2 <= self.context <= 65536, f"--context must be between 2 and 65536, got {self.context}")
         _check(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.kind == "transformer":
+        if self.applies("n_heads"):  # the transformer's own fields
             _check(self.n_heads >= 1, f"--heads must be at least 1, got {self.n_heads}")
             _check(
                 self.d_model % self.n_heads == 0,

@@ -10,12 +10,15 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from charlm import files
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError, tokenizer_from_json, train_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 Tokenizer = CharTokenizer | BPETokenizer
 Progress = Callable[[int, int], None]
@@ -278,6 +281,8 @@ class Batches:
         self, split: str, batch_size: int, generator: torch.Generator, device: str | torch.device = "cpu"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: int64 (B, context); y is x shifted left by one token."""
+        import torch  # (here, not at the top: the commands that only read files never load torch)
+
         data = {"train": self.train, "val": self.val}[split]
         T = self.context
         # offsets come from the torch generator, so restoring its state replays the exact batches

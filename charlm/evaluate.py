@@ -13,14 +13,14 @@ Per character and per byte the number no longer depends on the tokenizer, so cha
 LSTMs and Transformers are compared on one scale.
 
 How the text is read:
-- Transformer: its context is finite, so the text is read in windows of `context` tokens that advance
+- Transformer (any model with a `window`): its context is finite, so the text is read in windows of `context` tokens that advance
   by `stride` tokens (default context // 2). Each window scores only the targets no earlier window
   scored (its last `stride`), so every token is scored exactly once, with at least context - stride
   tokens of left context — all of it while the text still fits the context. The final window is moved
   left to end at the last token, so it is full-length too. stride = context is the fastest (one
   forward pass per token) but the first tokens of each window see almost nothing; stride = context // 2
   costs two passes per token and gives every token at least half a context, 3/4 on average.
-- LSTM/GRU: the recurrent state is carried from one window to the next, so the result is exactly one
+- LSTM/GRU (no window): the recurrent state is carried from one window to the next, so the result is exactly one
   pass over the whole text; the windows only bound memory.
 """
 
@@ -150,7 +150,7 @@ def token_nats(
     j = 1..len(ids)-1 exactly once. The model must be in eval mode."""
     context, device = model.cfg.context, next(model.parameters()).device
     n = len(ids)
-    if not model.has_attention:
+    if model.window is None:  # an RNN: no window to run out of
         state = model.new_cache(1)  # carried across windows: exactly one pass over the text
         for start in range(0, n - 1, context):
             end = min(start + context, n - 1)
@@ -208,7 +208,7 @@ def evaluate_ids(
         chars=int(n_chars[rest].sum()),
         bytes=int(n_bytes[rest].sum()),
         seconds=time.perf_counter() - t0,
-        stride=None if not model.has_attention else (stride or model.cfg.context // 2),
+        stride=None if model.window is None else (stride or model.cfg.context // 2),
     )
 
 

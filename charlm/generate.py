@@ -131,9 +131,9 @@ class Streamer:
 
     def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True):
         self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
-        self.context = model.cfg.context
-        self.sliding = model.has_attention  # an RNN's state has no length limit
-        self.rolling = model.has_attention and model.cfg.positions == "rope"
+        self.context = model.cfg.context  # an RNN is trained on windows of it too (its repetition penalty's reach)
+        self.sliding = model.window is not None  # an RNN's state has no length limit
+        self.rolling = model.rolling_cache
         self.device = next(model.parameters()).device
         self.ids: list[int] = []  # the running text (for a Transformer: the window it sees)
         self.cache = None
@@ -184,11 +184,7 @@ class Streamer:
             if self.fast is None:
                 self.fast = FastDecoder(self.model, self.cache)
             return self.fast.step(tokens[0])
-        idx = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        if len(tokens) == 1 and not self.model.has_attention:
-            with native_rnn_kernels():
-                return self.model(idx, cache=self.cache)[0][0, -1]
-        return self.model(idx, cache=self.cache)[0][0, -1]
+        return self.model.decode(tokens, self.cache)
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None
@@ -266,19 +262,6 @@ def one_thread():
         _one_thread_users -= 1
         if _one_thread_users == 0:
             torch.set_num_threads(_saved_threads)
-
-
-@contextmanager
-def native_rnn_kernels():
-    """PyTorch's own LSTM/GRU kernels instead of oneDNN's inside the block. For one token at a time oneDNN
-    carries a fixed cost that dwarfs the step: a 2 × 256 LSTM streams a token in ~1.5 ms with the native
-    kernel against ~4.3 ms (benchmarks/RESULTS.md, "Generation"). Longer inputs (a prompt, training) keep oneDNN."""
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = enabled
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

@@ -5,33 +5,26 @@ swapping for minutes or dying with an allocator's trace."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 
-# Bytes of saved activations per (sequence position × width × layer) of one micro-batch, forward and
-# backward in fp32, measured as peak RSS on CPU (torch 2.x; 150-180 for the Transformer, 55-64 for the
-# LSTM/GRU), rounded up. The Transformer's attention adds no (context²) term: SDPA never stores the weights.
-ACTIVATION_BYTES = {"transformer": 192, "lstm": 64, "gru": 64}
-# Square d_model × d_model matrices per layer: attention 4 + MLP 8; LSTM 4 gates × (input + hidden); GRU 3 × 2.
-MATRICES_PER_LAYER = {"transformer": 12, "lstm": 8, "gru": 6}
-EMBEDDINGS = {"transformer": 1, "lstm": 2, "gru": 2}  # vocab × d_model tables: the Transformer ties its head
 STATE_BYTES = 16  # per parameter: fp32 weight, gradient, and the optimizer's two moments
 LOGIT_BYTES = 12  # per position and vocabulary entry: logits, their softmax and its gradient
 CHAR_VOCAB_GUESS = 256  # a char run's vocabulary is known only once the corpus is read
 
 
-def params_estimate(m: ModelConfig, vocab_size: int) -> int:
-    """Parameters of the model m describes, within a few percent (embedding and output head included)."""
-    return m.n_layers * MATRICES_PER_LAYER[m.kind] * m.d_model**2 + EMBEDDINGS[m.kind] * vocab_size * m.d_model
-
-
 def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
-    """(bytes of weights and optimizer state, bytes of activations) one training process needs."""
+    """(bytes of weights and optimizer state, bytes of activations) one training process needs: the
+    parameters counted from the model's shapes, the activations from its family's bytes per position."""
+    from charlm.models import family, param_count  # (torch: only a training run gets here)
+
     vocab = m.vocab_size or (t.vocab_size if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
+    m = replace(m, vocab_size=vocab)
     positions = t.batch_size * m.context
-    activations = positions * (m.d_model * m.n_layers * ACTIVATION_BYTES[m.kind] + vocab * LOGIT_BYTES)
-    return params_estimate(m, vocab) * STATE_BYTES, activations
+    activations = positions * (m.d_model * m.n_layers * family(m.kind).ACTIVATION_BYTES + vocab * LOGIT_BYTES)
+    return param_count(m) * STATE_BYTES, activations
 
 
 CGROUP = Path("/sys/fs/cgroup")  # where a container's memory limit is read (cgroup v2, or v1's memory/)

@@ -141,11 +141,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str) -> Opt
     MLP, recurrent matrices) and AdamW for embeddings, the output head, norms and biases (Muon is
     only meant for hidden matrices)."""
     named = {id(p): (n, p) for n, p in model.named_parameters() if p.requires_grad}.values()  # tied weights once
-    hidden = lambda n, p: p.dim() == 2 and not n.startswith(("tok_emb", "pos_emb", "head"))  # noqa: E731
     adam = dict(betas=(0.9, cfg.beta2), fused=device == "cuda")
     if cfg.optimizer == "muon":
-        muon = [p for n, p in named if hidden(n, p)]
-        rest = [(n, p) for n, p in named if not hidden(n, p)]
+        hidden = {id(p) for p in model.hidden_matrices()}  # the model says which weights are inside the network
+        muon = [p for n, p in named if id(p) in hidden]
+        rest = [(n, p) for n, p in named if id(p) not in hidden]
         groups = [
             {"params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
             {"params": [p for n, p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},

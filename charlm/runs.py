@@ -190,7 +190,7 @@ def describe(run: Path) -> dict:
 
     row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
     try:
-        saved = checkpoint.read(run / "last.pt")
+        saved = checkpoint.read_header(run / "last.pt")
     except checkpoint.CheckpointError as e:
         return {**row, "error": str(e)}
     m, t = saved.model_config, saved.train_config

@@ -415,14 +415,16 @@ class Trainer:
         return loss_value / self.dist.world_size, grad_norm.item()
 
     def diverged(self, what: str, step: int) -> NoReturn:
+        what += f" at step {step}"
+        weights = self.model.state_dict().items()
+        if bad := next((n for n, t in weights if t.is_floating_point() and not torch.isfinite(t).all()), None):
+            what += f" ({checkpoint.NONFINITE.format(tensor=bad)})"  # the words a load of such weights says
         kept = (
             f"the last good checkpoint in {self.out_dir} was kept"
             if (self.out_dir / "last.pt").exists()
             else "nothing was saved"
         )
-        raise TrainingDiverged(
-            f"{what} at step {step}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})"
-        )
+        raise TrainingDiverged(f"{what}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})")
 
     def result(self, stopped: str, last_val: float | None) -> Result:
         final = self.sample_text(self.cfg.sample_tokens, seed=self.cfg.seed) if stopped != "interrupted" else None

@@ -374,18 +374,33 @@ def test_resume_from_a_damaged_checkpoint(run, corpus):
 
 
 def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
-    """A run whose weights have blown up: resuming it stops at the first step with a one-line error,
-    and last.pt stays exactly as it was."""
-    saved = checkpoint.read(run / "last.pt")
-    saved.model = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in saved.model.items()}
+    """A run whose loss blows up: it stops at that step with a one-line error naming the weight that went
+    bad, and last.pt stays exactly as it was."""
+    saved = checkpoint.read(run / "last.pt")  # finite weights, so large that the next step overflows
+    saved.model = {k: v * 1e36 if v.is_floating_point() else v for k, v in saved.model.items()}
     checkpoint.save(saved, run / "last.pt")
     before = (run / "last.pt").read_bytes()
-    one_line_error(
-        cli("train", corpus, "--out", run, "--resume", "--steps", 20),
-        "the loss became nan at step 11: training stopped, and the last good checkpoint in",
-        "try a lower --lr",
-    )
+    r = cli("train", corpus, "--out", run, "--resume", "--steps", 20)
+    one_line_error(r, f"at step {saved.step + 1}", "training stopped, and the last good checkpoint in", "try a lower")
     assert (run / "last.pt").read_bytes() == before
+
+
+def test_weights_that_hold_nan_or_inf_are_refused_everywhere(run, corpus, tmp_path):
+    """Regression (issue 20): a checkpoint whose weights hold NaN loaded everywhere: sample printed
+    'Thezzzz', eval said 'bits/char nan', info said nothing, all with exit 0. Now every command refuses
+    it with one line naming the tensor, before any work (resume too)."""
+    saved = checkpoint.read(run / "last.pt")
+    for bad, name in ((float("nan"), "nan.pt"), (float("-inf"), "inf.pt")):
+        saved.model = {**saved.model, "norm.weight": torch.full_like(saved.model["norm.weight"], bad)}
+        checkpoint.save(saved, tmp_path / name)
+        for args in (["info"], ["sample", "-n", "5"], ["eval", corpus], ["attn", "-p", "To be"]):
+            one_line_error(
+                cli(args[0], tmp_path / name, *args[1:]), "holds damaged weights: norm.weight has NaN or infinite"
+            )
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    (run2 / "last.pt").write_bytes((tmp_path / "nan.pt").read_bytes())
+    one_line_error(cli("train", corpus, "--out", run2, "--resume", "--steps", 20), "norm.weight has NaN or infinite")
 
 
 # ---- Ctrl-C, for real -----------------------------------------------------------------------------

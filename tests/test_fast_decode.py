@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from charlm.config import ModelConfig
-from charlm.models import FastDecoder, build_model
+from charlm.models import build_model
+from charlm.models.fast_decode import FastDecoder
 
 VOCAB = 40
 

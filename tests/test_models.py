@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration, preset
-from charlm.models import RNN, Transformer, build_model, count_params
+from charlm.models import build_model, count_params, param_shapes
+from charlm.models.rnn import RNN
+from charlm.models.transformer import Transformer
 from charlm.tokenizer import CharTokenizer
 
 V, B, T = 23, 2, 12
@@ -37,6 +39,43 @@ def tokens(b: int = B, t: int = T, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
+@pytest.mark.parametrize("layers,d_model,heads,vocab,context", [(1, 8, 1, 2, 2), (3, 48, 6, 97, 33)])
+def test_param_shapes_by_arithmetic_are_the_built_models(kind, positions, layers, d_model, heads, vocab, context):
+    """The shapes a checkpoint is checked against before anything is allocated, against torch's own modules."""
+    cfg = ModelConfig(kind, vocab, layers, d_model, heads, context, positions=positions or "rope", mlp_ratio=3)
+    assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in build_model(cfg).state_dict().items()}
+
+
+def test_every_family_is_registered_everywhere():
+    from charlm.config import FAMILIES, PRESET_TABLE
+    from charlm.models import family, shapes
+
+    assert set(FAMILIES) == set(shapes.SHAPES) == set(PRESET_TABLE)
+    for kind in FAMILIES:
+        assert family(kind).ACTIVATION_BYTES > 0 and family(kind).capabilities
+
+
+@pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
+def test_the_family_interface(kind, positions):
+    """What code outside models/ may ask of a model, instead of testing its class."""
+    model = tiny(kind, positions)
+    assert model.capabilities in ({"attention"}, {"gates"})
+    assert (model.window is None) == (kind != "transformer")
+    assert model.rolling_cache == (positions == "rope" and kind == "transformer")
+    hidden = {id(p) for p in model.hidden_matrices()}
+    inside = {id(p) for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith(("tok_emb", "pos_emb"))}
+    assert hidden and hidden == inside - {id(model.head.weight)}  # not the embeddings, not the output head
+    ids = tokens(1, 5)[0].tolist()
+    with torch.no_grad():
+        want = model(torch.tensor([ids]))[0][0, -1]
+        cache = model.new_cache(1)
+        got = model.decode(ids[:3], cache)
+        got = model.decode(ids[3:4], cache)
+        got = model.decode(ids[4:], cache)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind,positions", KINDS, ids=IDS)
 def test_forward_shapes_and_loss(kind, positions):
     model = tiny(kind, positions)
     x = tokens()
@@ -46,7 +85,6 @@ def test_forward_shapes_and_loss(kind, positions):
     assert loss.shape == () and math.isfinite(loss.item())
     # an untrained model predicts close to uniform: its loss on random targets is near ln(V)
     assert abs(loss.item() - math.log(V)) < 0.5
-    assert model.has_attention == (kind == "transformer")
 
 
 def test_transformer_head_is_tied_and_counted_once():

@@ -237,6 +237,7 @@ def test_a_kill_between_any_two_writes_leaves_files_that_agree(corpus, tmp_path,
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
+    """The message names the weight gone bad in the words a load of it would use (issue 20)."""
     run = make(corpus, tmp_path / "run")
     run.fit(until=5)
     last, best = (tmp_path / "run" / "last.pt").read_bytes(), (tmp_path / "run" / "best.pt").read_bytes()
@@ -245,7 +246,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
         run.model.blocks[0].mlp.fc.weight.fill_(float("nan"))  # the weights blow up
     with pytest.raises(
         TrainingDiverged,
-        match=r"the loss became nan at step 6: training stopped, and the last good "
+        match=r"the loss became nan at step 6 \(blocks\.0\.mlp\.fc\.weight has NaN or infinite values\): training "
+        r"stopped, and the last good "
         r"checkpoint in .*run was kept; try a lower --lr \(now 0.01\)",
     ):
         run.fit()
@@ -274,7 +276,11 @@ def test_divergence_before_any_checkpoint_leaves_nothing_behind(corpus, tmp_path
     run = make(corpus, tmp_path / "run")
     with torch.no_grad():
         run.model.tok_emb.weight.fill_(float("inf"))
-    with pytest.raises(TrainingDiverged, match="at step 1: training stopped, and nothing was saved"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"at step 1 \(tok_emb.weight has NaN or infinite values\): training "
+        r"stopped, and nothing was saved",
+    ):
         run.fit()
     assert not (tmp_path / "run").exists()
 

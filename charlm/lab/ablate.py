@@ -105,7 +105,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     body, source = _text(ck, text)
     ids = ck.tokenizer.encode(body[: s["max_chars"]], unknown="drop")
     model, cfg = ck.model, ck.model_config
-    rnn = not getattr(model, "has_attention", False)
+    rnn = "gates" in model.capabilities
     # an RNN reads each window from a fresh state, as the transformer reads its context: the same windows
     x = _rows(ids, s["rows"], cfg.context if not rnn else 256)
     chars = len(ck.tokenizer.decode(x[:, 1:].reshape(-1).tolist()))

@@ -97,7 +97,7 @@ def role(prev: float, ind: float, dist: float, ent: float, uniform_entropy: floa
 def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None = None) -> LabResult:
     clock = Clock()
     ck = load_run(ckpt)
-    if not getattr(ck.model, "has_attention", False):
+    if "attention" not in ck.model.capabilities:
         raise ConfigError(
             f"{ckpt} is an {ck.model_config.kind.upper()}: it has no attention heads; "
             "try charlm lab ablate for its gates"

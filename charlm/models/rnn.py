@@ -6,6 +6,8 @@ the recurrent state is the cache: pass an RNNState and the layer carries (h, c) 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -26,7 +28,10 @@ class RNNState:
 
 
 class RNN(nn.Module):
-    has_attention = False
+    capabilities = frozenset({"gates"})  # gate and cell-state traces (models/probes.py)
+    ACTIVATION_BYTES = 64  # fp32, measured as peak RSS on CPU (55-64)
+    window = None  # the state carries everything seen, with no length limit
+    rolling_cache = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -48,6 +53,17 @@ class RNN(nn.Module):
                     with torch.no_grad():
                         p[cfg.d_model : 2 * cfg.d_model].fill_(1.0)
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [p for p in self.rnn.parameters() if p.dim() == 2]
+
+    def decode(self, ids: list[int], cache: RNNState) -> torch.Tensor:
+        """Logits (vocab,) for the token after ids, carried on from cache's state."""
+        idx = torch.tensor([ids], dtype=torch.long, device=self.tok_emb.weight.device)
+        if len(ids) > 1:
+            return self(idx, cache=cache)[0][0, -1]
+        with native_rnn_kernels():
+            return self(idx, cache=cache)[0][0, -1]
+
     def new_cache(self, batch_size: int = 1) -> RNNState:
         return RNNState()  # the layer sizes its (h, c) to the batch on the first call
 
@@ -62,3 +78,16 @@ class RNN(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+
+@contextmanager
+def native_rnn_kernels():
+    """PyTorch's own LSTM/GRU kernels instead of oneDNN's inside the block. For one token at a time oneDNN
+    carries a fixed cost that dwarfs the step: a 2 × 256 LSTM streams a token in ~1.5 ms with the native
+    kernel against ~4.3 ms (benchmarks/RESULTS.md, "Generation"). Longer inputs (a prompt, training) keep oneDNN."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled

@@ -174,7 +174,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    has_attention = True
+    capabilities = frozenset({"attention"})  # attention maps and head statistics (models/probes.py)
+    ACTIVATION_BYTES = 192  # fp32, measured as peak RSS on CPU (150-180); SDPA stores no (context²) weights
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -197,6 +198,23 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # GPT-2: scale down what each residual branch adds
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @property
+    def window(self) -> int:
+        return self.cfg.context
+
+    @property
+    def rolling_cache(self) -> bool:
+        return self.cfg.positions == "rope"  # relative positions: cached keys keep their meaning as it rolls
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [p for b in self.blocks for p in b.parameters() if p.dim() == 2]
+
+    def decode(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Logits (vocab,) for the token after ids, fed into cache. (On a CPU, generation runs one token
+        through models/fast_decode.py instead, where FastDecoder.supports it.)"""
+        idx = torch.tensor([ids], dtype=torch.long, device=self.tok_emb.weight.device)
+        return self(idx, cache=cache)[0][0, -1]
 
     @staticmethod
     def _init_weights(module):

@@ -410,7 +410,7 @@ def attention_blocks(
 
 def render_attention(console: Console, model, tokenizer, ids: list[int], opts: AttnOptions) -> None:
     """Capture the attention on the text `ids`, lay out the views chosen in opts, print them."""
-    if not getattr(model, "has_attention", False):
+    if "attention" not in model.capabilities:
         raise ConfigError("this LSTM/GRU has no attention; try /gates")
     _check_choice(opts, model.cfg.n_layers, model.cfg.n_heads)  # a bad choice fails before the forward pass
     offset, weights = capture_attention(model, ids)
@@ -422,7 +422,7 @@ def render_attention(console: Console, model, tokenizer, ids: list[int], opts: A
 
 def show_attention(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:
     """The chat REPL's /attn [args] on its running text (args: the words after /attn)."""
-    if not getattr(model, "has_attention", False):
+    if "attention" not in model.capabilities:
         raise ConfigError("this LSTM/GRU has no attention; try /gates")
     if args and args[0].lower() in ("help", "?"):
         console.print(Text(HELP))

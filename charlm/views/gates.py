@@ -197,7 +197,7 @@ def gate_lines(
 
 def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateOptions) -> None:
     """Trace the gates on the text `ids`, lay out the layer chosen in opts, print it."""
-    if getattr(model, "has_attention", False):
+    if "gates" not in model.capabilities:
         raise ConfigError("a transformer has no gates; try /attn")
     if not ids:
         raise ConfigError("there is no text to look at yet: give a prompt first")
@@ -216,7 +216,7 @@ def render_gates(console: Console, model, tokenizer, ids: list[int], opts: GateO
 
 def show_gates(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:
     """The chat REPL's /gates [args] on its running text (args: the words after /gates)."""
-    if getattr(model, "has_attention", False):
+    if "gates" not in model.capabilities:
         raise ConfigError("a transformer has no gates; try /attn")
     if args and args[0].lower() in ("help", "?"):
         console.print(Text(HELP))

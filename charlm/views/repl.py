@@ -451,11 +451,11 @@ class Repl(Session):
         self.console.print(table)
 
     def viewer(self, name: str, args: list[str]) -> None:
-        has_attention = self.ckpt.model.has_attention
-        if name == "attn" and not has_attention:
+        can = self.ckpt.model.capabilities
+        if name == "attn" and "attention" not in can:
             raise Hint(f"this {self.ckpt.model_config.kind} has no attention; /gates shows its gates")
-        if name == "gates" and has_attention:
-            raise Hint("a transformer has no gates; /attn shows its attention")
+        if name == "gates" and "gates" not in can:
+            raise Hint(f"this {self.ckpt.model_config.kind} has no gates; /attn shows its attention")
         show = show_attention if name == "attn" else show_gates
         if not self.gen.ids:
             raise Hint(f"there is no text yet: type a prompt, then /{name}")

@@ -1,0 +1,53 @@
+"""Each family's state dict, by arithmetic and without torch: the name and shape of every tensor the model a
+config describes holds. A checkpoint's tensors are checked against these before anything is allocated (a
+crafted config cannot make charlm build a huge model), and `charlm info` checks them without loading torch.
+tests/test_models.py holds every family's shapes against its built module."""
+
+from __future__ import annotations
+
+import math
+
+from charlm.config import ModelConfig
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def transformer(cfg: ModelConfig) -> Shapes:
+    C, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    shapes = {"tok_emb.weight": (cfg.vocab_size, C)}
+    if cfg.positions == "learned":
+        shapes["pos_emb.weight"] = (cfg.context, C)
+    for i in range(cfg.n_layers):
+        shapes |= {
+            f"blocks.{i}.norm1.weight": (C,),
+            f"blocks.{i}.attn.qkv.weight": (3 * C, C),
+            f"blocks.{i}.attn.proj.weight": (C, C),
+            f"blocks.{i}.norm2.weight": (C,),
+            f"blocks.{i}.mlp.fc.weight": (hidden, C),
+            f"blocks.{i}.mlp.proj.weight": (C, hidden),
+        }
+    return shapes | {"norm.weight": (C,), "head.weight": (cfg.vocab_size, C)}  # head.weight: tok_emb's, tied
+
+
+def rnn(cfg: ModelConfig) -> Shapes:
+    gates = {"lstm": 4, "gru": 3}[cfg.kind]  # weight blocks stacked in each matrix: i, f, g, o; r, z, n
+    C, G = cfg.d_model, gates * cfg.d_model
+    shapes = {"tok_emb.weight": (cfg.vocab_size, C)}
+    for i in range(cfg.n_layers):
+        shapes |= {f"rnn.weight_ih_l{i}": (G, C), f"rnn.weight_hh_l{i}": (G, C)}
+        shapes |= {f"rnn.bias_ih_l{i}": (G,), f"rnn.bias_hh_l{i}": (G,)}
+    return shapes | {"head.weight": (cfg.vocab_size, C), "head.bias": (cfg.vocab_size,)}
+
+
+SHAPES = {"transformer": transformer, "lstm": rnn, "gru": rnn}  # by config.FAMILIES' names
+TIED = {"transformer": ("head.weight",)}  # names stored twice: the same tensor as another
+
+
+def param_shapes(cfg: ModelConfig) -> Shapes:
+    return SHAPES[cfg.kind](cfg)
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    tied = TIED.get(cfg.kind, ())
+    return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name not in tied)
