@@ -147,6 +147,30 @@ class Saved:
             }
         )
 
+    def summary(self) -> dict:
+        """What the file says of its model and run, as plain values: the one summary behind info, runs,
+        eval --json and compare --json."""
+        m, c = self.model_config, self.corpus
+        return {
+            "run": self.run_name,
+            "model": m.kind,
+            "layers": m.n_layers,
+            "d_model": m.d_model,
+            "heads": m.n_heads if m.applies("n_heads") else None,
+            "context": m.context,
+            "positions": m.positions if m.applies("positions") else None,
+            "params": self.params,
+            "tokenizer": self.train_config.tokenizer,
+            "vocab_size": m.vocab_size,  # read() checked that the tokenizer has as many
+            "steps": self.step,
+            "train_seconds": round(self.train_seconds, 2),
+            "best_val_loss": self.best_val_loss,
+            "best_val_bpc": self.best_val_bpc,
+            "corpus": c.name if c else None,
+            "corpus_sha256": c.sha256 if c else None,
+            "device": self.device,
+        }
+
     def require_training_state(self, path: Path) -> None:
         missing = [k for k in ("optimizer", "rng", "corpus") if getattr(self, k) is None]
         if missing:
@@ -451,6 +475,9 @@ class Checkpoint:
     @property
     def name(self) -> str:
         return self.saved.run_name
+
+    def summary(self) -> dict:
+        return {"path": str(self.path), **self.saved.summary()}
 
 
 def load(path: str | Path, device: str = "cpu") -> Checkpoint:

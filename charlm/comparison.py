@@ -71,9 +71,9 @@ class Contestant:
 class Comparison:
     """Runs prompts through every model, round-robin one step per model, and keeps what each did."""
 
-    def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig, unknown: str = "error"):
+    def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig):
         self.players = [Contestant(c, Streamer(c.model, c.tokenizer)) for c in ckpts]
-        self.settings, self.unknown = settings, unknown
+        self.settings = settings
         self.last_seed = settings.seed
         self.eval_path = None
         self.warm = False
@@ -97,7 +97,7 @@ class Comparison:
             p.prompt, p.output, p.note, p.seconds, p.tokens, p.ttft_ms, p.done = prompt, "", None, 0.0, 0, None, False
             p.steps = []
             try:
-                ids = p.ckpt.tokenizer.encode(prompt, unknown=self.unknown)
+                ids = p.ckpt.tokenizer.encode(prompt, unknown=self.settings.unknown)
             except UnknownCharactersError as e:
                 p.note, p.done = str(e), True
                 continue
@@ -144,43 +144,26 @@ class Comparison:
 
     def summary(self) -> dict:
         """What the last run did, as plain data (`compare --json`)."""
-        s = self.settings
-        models = []
-        for p in self.players:
-            d, m = p.ckpt.saved, p.ckpt.model_config
-            models.append(
-                {
-                    "run": p.ckpt.name,
-                    "path": str(p.ckpt.path),
-                    "model": m.kind,
-                    "tokenizer": p.ckpt.tokenizer.kind,
-                    "params": d.params,
-                    "steps": d.step,
-                    "train_seconds": round(d.train_seconds, 2),
-                    "best_val_bpc": d.best_val_bpc,
-                    "eval_bpc": p.eval.bits_per_char if p.eval else None,
-                    "eval_note": p.eval_note,
-                    "text": p.output,
-                    "note": p.note,
-                    "tokens": p.tokens,
-                    "chars": len(p.output),
-                    "seconds": round(p.seconds, 4),
-                    "tokens_per_s": _round(p.tokens_per_s),
-                    "chars_per_s": _round(p.chars_per_s),
-                    "ttft_ms": _round(p.ttft_ms, 2),
-                }
-            )
+        models = [
+            {
+                **p.ckpt.summary(),
+                "eval_bpc": p.eval.bits_per_char if p.eval else None,
+                "eval_note": p.eval_note,
+                "text": p.output,
+                "note": p.note,
+                "tokens": p.tokens,
+                "chars": len(p.output),
+                "seconds": round(p.seconds, 4),
+                "tokens_per_s": _round(p.tokens_per_s),
+                "chars_per_s": _round(p.chars_per_s),
+                "ttft_ms": _round(p.ttft_ms, 2),
+            }
+            for p in self.players
+        ]
         return {
             "prompt": self.players[0].prompt if self.players else "",
             "seed": self.last_seed,
-            "settings": {
-                "temperature": s.temperature,
-                "top_k": s.top_k,
-                "top_p": s.top_p,
-                "repetition_penalty": s.repetition_penalty,
-                "max_tokens": s.max_tokens,
-                "stop": s.stop,
-            },
+            "settings": {k: v for k, v in self.settings.to_dict().items() if k != "seed"},
             "eval_file": str(self.eval_path) if self.eval_path is not None else None,
             "models": models,
         }

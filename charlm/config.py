@@ -3,16 +3,21 @@
 Each config validates itself and raises ConfigError with a message a user can act on; the CLI turns
 that into a one-line error. Configs travel inside checkpoints as plain dicts (to_dict / from_dict).
 
-Each field also describes its command-line flag (see `flag`): name, help, choices, and whether a resumed
-run may change it. cli.py builds the options from these fields and runs.py reads the resume rule from
-them, so a setting, its default and its help are written once, here.
+Each field also describes its command-line flag (see `flag`): name, help, choices, its section in --help,
+how typed text becomes its value, and whether a resumed run may change it. cli.py builds the options from
+these fields, chat's /set and /attn read the same fields, and runs.py reads the resume rule from them, so a
+setting, its default and its help are written once, here.
+
+  ModelConfig, TrainConfig   charlm train (and what a checkpoint records)
+  SampleConfig               sample, chat, compare (and chat's /set)
+  AttnConfig, GatesConfig    attn and gates (and chat's /attn, /gates)
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 # The model families, by name: the class that implements each, imported only when a model is built (so that
 # commands which only read files never load torch). A new family: its module in charlm/models/ and a line here.
@@ -30,6 +35,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
+DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
+NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
 
 
 class ConfigError(ValueError):
@@ -45,6 +52,24 @@ def check_seed(seed: int | None) -> None:
     _check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
+
+
+def parse_duration(text: str, what: str = "duration") -> float:
+    """'90s', '10m', '1.5h', '120' -> seconds."""
+    m = _DURATION.match(text)
+    _check(m is not None, f"{what}: cannot read duration '{text}': use e.g. 90s, 10m or 1h")
+    value, unit = float(m.group(1)), m.group(2) or "s"
+    seconds = value * {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[unit]
+    _check(seconds > 0, f"{what}: duration must be positive, got '{text}'")
+    return seconds
+
+
+def unescape(text: str) -> str:
+    r"""'\n', '\t', '\r' and '\\' typed as two characters -> the character itself (for stop strings)."""
+    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
+
+
 def flag(
     default,
     help: str,
@@ -52,6 +77,10 @@ def flag(
     name: str | None = None,
     short: str | None = None,
     choices: tuple | None = None,
+    section: str | None = None,
+    parse=None,
+    example: str | None = None,
+    positional: bool = False,
     resumable: bool = False,
     from_preset: bool = False,
     derived: bool = False,
@@ -59,15 +88,22 @@ def flag(
     **kw,
 ):
     """A config field with its command-line flag. name: the flag without "--" (default: the field's name
-    with dashes). resumable: `--resume` may change it. from_preset: the CLI default comes from --preset
-    (the field's default applies to code that builds configs itself). derived: the command works the
-    value out when the flag is absent (--steps and --max-time from each other). applies_to: the only
-    model kind (ModelConfig) or tokenizer (TrainConfig) the setting means anything for."""
+    with dashes). section: its group in --help. parse: turns the text a user typed into the value (a
+    duration, an escaped stop string); None: the field's own type. example: a value to show in hints.
+    positional: chat's /attn and /gates take it as a bare number (/attn 1 2: layer 1, head 2).
+    resumable: `--resume` may change it. from_preset: the CLI default comes from --preset (the field's
+    default applies to code that builds configs itself). derived: the command works the value out when the
+    flag is absent (--steps and --max-time from each other). applies_to: the only model kind (ModelConfig)
+    or tokenizer (TrainConfig) the setting means anything for."""
     meta = dict(
         flag=name,
         short=short,
         help=help,
         choices=choices,
+        section=section,
+        parse=parse,
+        example=example,
+        positional=positional,
         resumable=resumable,
         from_preset=from_preset,
         derived=derived,
@@ -97,14 +133,20 @@ def _from_dict(cls, d: dict):
 
 @dataclass
 class ModelConfig:
-    kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS)
+    kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS, section="Model")
     vocab_size: int = internal(0)  # set from the tokenizer
-    n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True)
-    d_model: int = flag(128, "Transformer width; LSTM/GRU hidden (and embedding) size.", from_preset=True)
-    n_heads: int = flag(4, "Attention heads (transformer).", name="heads", from_preset=True, applies_to="transformer")
-    context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True)
-    dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True)
-    positions: str = flag("rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer")
+    n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True, section="Model")
+    d_model: int = flag(
+        128, "Transformer width; LSTM/GRU hidden (and embedding) size.", from_preset=True, section="Model"
+    )
+    n_heads: int = flag(
+        4, "Attention heads (transformer).", name="heads", from_preset=True, applies_to="transformer", section="Model"
+    )
+    context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True, section="Model")
+    dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True, section="Model")
+    positions: str = flag(
+        "rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer", section="Model"
+    )
     mlp_ratio: int = internal(4, applies_to="transformer")  # MLP hidden = mlp_ratio * d_model
 
     def applies(self, name: str) -> bool:
@@ -153,50 +195,82 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    tokenizer: str = flag("char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS)
-    vocab_size: int = flag(1024, "BPE vocabulary size.", applies_to="bpe")
-    # the run's total; --resume continues up to it
-    steps: int = flag(
-        2000, "Total optimizer steps [default: as many as --max-time allows].", resumable=True, derived=True
+    tokenizer: str = flag(
+        "char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS, section="Data"
     )
-    # seconds; training stops (and the schedule ends) when it runs out. The CLI reads a duration (90s, 10m)
-    max_time: float | None = flag(
-        None, "Time budget, e.g. 90s, 10m, 1h [default: 2m unless --steps].", resumable=True, derived=True
+    vocab_size: int = flag(1024, "BPE vocabulary size.", applies_to="bpe", section="Data")
+    batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True, section="Optimisation")
+    grad_accum: int = flag(
+        1,
+        "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes.",
+        section="Optimisation",
     )
-    batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True)
+    lr: float = flag(3e-3, "Peak learning rate.", from_preset=True, section="Optimisation")
+    min_lr_ratio: float = internal(0.1)  # cosine decays to lr * min_lr_ratio
+    warmup: int = flag(100, "Warmup steps.", section="Optimisation")
+    optimizer: str = flag(
+        "muon",
+        "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.",
+        choices=OPTIMIZERS,
+        section="Optimisation",
+    )
+    muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).", section="Optimisation")
+    weight_decay: float = flag(0.1, "AdamW weight decay of matrices and embeddings.", section="Optimisation")
+    beta2: float = internal(0.99)
+    grad_clip: float = internal(1.0)
     precision: str = flag(
         "auto",
         "Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.",
         choices=PRECISIONS,
         resumable=True,
+        section="Optimisation",
     )
-    grad_accum: int = flag(
-        1, "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes."
+    # the run's total; --resume continues up to it. NO_STEP_LIMIT: a time budget alone ends the run
+    steps: int = flag(
+        2000,
+        "Total optimizer steps [default: as many as --max-time allows].",
+        resumable=True,
+        derived=True,
+        section="Run",
     )
-    lr: float = flag(3e-3, "Peak learning rate.", from_preset=True)
-    min_lr_ratio: float = internal(0.1)  # cosine decays to lr * min_lr_ratio
-    warmup: int = flag(100, "Warmup steps.")
-    weight_decay: float = flag(0.1, "AdamW weight decay of matrices and embeddings.")
-    beta2: float = internal(0.99)
-    optimizer: str = flag(
-        "muon", "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.", choices=OPTIMIZERS
+    # seconds; training stops (and the schedule ends) when it runs out
+    max_time: float | None = flag(
+        None,
+        f"Time budget, e.g. 90s, 10m, 1h [default: {DEFAULT_MAX_TIME / 60:g}m unless --steps].",
+        parse=lambda text: parse_duration(text, "--max-time"),
+        resumable=True,
+        derived=True,
+        section="Run",
     )
-    muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).")
-    grad_clip: float = internal(1.0)
     eval_interval: int | None = flag(
         None,
         "Steps between evaluations [default: the first after 5% of the budget, "
         "then as often as costs ~5% of the time].",
         resumable=True,
+        section="Run",
     )
-    eval_iters: int = flag(20, "Batches per evaluation.", resumable=True)
+    eval_iters: int = flag(20, "Batches per evaluation.", resumable=True, section="Run")
     val_fraction: float = internal(0.1)
-    seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.")
-    device: str = flag("auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, resumable=True)
-    compile: bool = flag(False, "torch.compile the model.", resumable=True)
     sample_tokens: int = flag(
-        200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True
+        200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True, section="Run"
     )
+    seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run")
+    device: str = flag(
+        "auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, resumable=True, section="Run"
+    )
+    compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
+
+    @staticmethod
+    def budget(steps: int | None, max_time: float | None) -> dict:
+        """steps and max_time as a run takes them: a time budget alone has no step limit, and neither
+        given means the default time budget."""
+        if steps is None and max_time is None:
+            max_time = DEFAULT_MAX_TIME
+        return {"steps": NO_STEP_LIMIT if steps is None else steps, "max_time": max_time}
+
+    @property
+    def step_limited(self) -> bool:
+        return self.steps < NO_STEP_LIMIT
 
     def validate(self) -> TrainConfig:
         _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer '{self.tokenizer}': choose char or bpe")
@@ -242,22 +316,38 @@ class TrainConfig:
         return _from_dict(cls, d)
 
 
+NONE_WORDS = ("none", "off", "random")  # typed for a setting that may be empty (a seed, the stop strings)
+
+
 @dataclass
 class SampleConfig:
-    """How to pick each next token (the flags shared by sample, chat and compare)."""
+    """How a prompt is read and each next token picked: the flags of sample, chat and compare, and chat's /set."""
 
-    temperature: float = flag(0.8, "0: greedy (always the most likely token).", short="t")
-    top_k: int = flag(0, "Keep the k most likely tokens (0: off).")
-    top_p: float = flag(1.0, "Nucleus: keep tokens up to this probability (1: off).")
-    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.")
-    max_tokens: int = flag(500, "New tokens to generate.", short="n")
+    temperature: float = flag(0.8, "0: greedy (always the most likely token).", short="t", example="0.8")
+    top_k: int = flag(0, "Keep the k most likely tokens (0: off).", example="40")
+    top_p: float = flag(1.0, "Nucleus: keep tokens up to this probability (1: off).", example="0.9")
+    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.", example="1.2")
+    max_tokens: int = flag(500, "New tokens to generate.", short="n", example="300")
     stop: list[str] = flag(
-        None, r"Stop at this text (cut off); repeatable; \n and \t are escapes.", default_factory=list
+        None,
+        r"Stop at this text (cut off); repeatable; \n and \t are escapes.",
+        parse=unescape,
+        example=r"\n\n (or none)",
+        default_factory=list,
     )
-    seed: int | None = flag(None, "Same seed, same text [default: random].")
+    seed: int | None = flag(None, "Same seed, same text [default: random].", example="42 (or none)")
+    unknown: str = flag(
+        "error",
+        "Characters a char model never saw: stop with an error, drop them, or replace them.",
+        choices=UNKNOWN,
+        example="drop",
+    )
 
     def validate(self) -> SampleConfig:
-        _check(0 <= self.temperature <= 100, f"temperature must be between 0 and 100, got {self.temperature}")
+        _check(
+            isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100,
+            f"temperature must be between 0 and 100, got {self.temperature}",
+        )
         _check(self.top_k >= 0, f"top_k must be 0 (off) or more, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(
@@ -266,10 +356,104 @@ class SampleConfig:
         _check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
         _check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")
+        _check(self.unknown in UNKNOWN, f"unknown must be one of {', '.join(UNKNOWN)}, got {self.unknown!r}")
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class ViewConfig:
+    """What part of a text the viewers show: the flags attn and gates share, and the words of /attn and /gates."""
+
+    layer: int | None = flag(None, "Layer (from 0) [default: the last].", positional=True)
+    tokens: int | None = flag(None, "How many tokens to show [default: as many as fit].")
+    end: int | None = flag(None, "Show the tokens before this position [default: the end].")
+    ascii: bool = flag(False, "Plain ASCII shades and labels.")
+
+    def validate(self):
+        _check(self.tokens is None or self.tokens >= 1, f"tokens must be at least 1, got {self.tokens}")
+        return self
+
+
+@dataclass
+class AttnConfig(ViewConfig):
+    head: int | None = flag(None, "Head (from 0) [default: the mean over heads].", positional=True)
+    mean: bool = flag(False, "The mean over the layer's heads.")
+    overview: bool = flag(False, "Every layer × head as small maps.")
+    stats: bool = flag(False, "Entropy and mean distance of every head.")
+    focus: str | None = flag(
+        None,
+        "What one token looked at: a position (negative: from the end), or text (its last occurrence's last "
+        "token) [default in chat: the last token].",
+    )
+    top: int = flag(10, "Keys listed by --focus.")
+    scale: str = flag("row", "Shade by each row's largest weight, or absolute (1 = darkest).", choices=("row", "abs"))
+
+    @property
+    def show_map(self) -> bool:
+        # the map unless another view is asked for (the layer/head choice then applies to the focus view)
+        return not (self.overview or self.stats or self.focus is not None)
+
+    def validate(self) -> AttnConfig:
+        super().validate()
+        _check(
+            not (self.overview and (self.layer is not None or self.head is not None or self.mean)),
+            "overview shows every head: drop the layer/head/mean choice, or drop overview",
+        )
+        _check(not (self.head is not None and self.mean), "choose one head or the mean over heads, not both")
+        _check(self.top >= 1, f"top must be at least 1, got {self.top}")
+        return self
+
+
+def parse_units(text: str) -> int | list[int]:
+    """'8' -> the 8 units that change most; '3,17,42' (or '5,') -> exactly those."""
+    try:
+        if "," in text:
+            return [int(u) for u in text.split(",") if u.strip()]
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"units must be a count like 8 or a list like 3,17,42, got '{text}'") from None
+
+
+@dataclass
+class GatesConfig(ViewConfig):
+    units: int | list[int] | None = flag(
+        None, "How many units (those whose gates change most; default 8), or which: 3,17,42.", parse=parse_units
+    )
+
+    def validate(self) -> GatesConfig:
+        super().validate()
+        _check(self.units != [], "give at least one unit")
+        return self
+
+
+def from_text(f, text: str):
+    """The value a user typed for the field f (a flag, or a word after /set, /attn, /gates)."""
+    if f.metadata.get("parse"):
+        try:
+            return f.metadata["parse"](text)
+        except ValueError as e:
+            raise ConfigError(str(e) if isinstance(e, ConfigError) else f"{text!r} is not a valid {f.name}") from None
+    kind = str(f.type)
+    if "None" in kind and text.lower() in NONE_WORDS:
+        return None
+    if f.metadata.get("choices"):
+        _check(text in f.metadata["choices"], f"{f.name} takes {', '.join(f.metadata['choices'])}, not {text!r}")
+        return text
+    for name, convert, what in (("float", float, "a number"), ("int", int, "a whole number")):
+        if kind.startswith(name):
+            try:
+                return convert(text)
+            except ValueError:
+                raise ConfigError(f"{f.name} must be {what}, got {text!r}") from None
+    return text
+
+
+def flag_fields(cls) -> list:
+    """The fields of a config class that have a flag, in order."""
+    return [f for f in fields(cls) if flag_name(f)]
 
 
 # Sizes for each model family. Explicit CLI flags override these. The tiny presets are tuned for a
@@ -289,6 +473,39 @@ PRESET_TABLE: dict[str, dict[str, dict]] = {
 PRESET_TABLE["gru"] = PRESET_TABLE["lstm"]
 
 MODEL_KEYS = {f.name for f in fields(ModelConfig)}
+PRESET_USE = {  # what each preset is for: --preset's choices, in --help
+    "tiny": "a laptop CPU and minutes (the default on CPU)",
+    "small": "one GPU (the default on CUDA)",
+    "medium": "a larger GPU run",
+}
+
+
+def describe_preset(name: str) -> str:
+    """What a preset sets, for each model family (train --help)."""
+
+    def sizes(s: dict) -> str:
+        heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
+        return (
+            f"{s['n_layers']} layers × {s['d_model']}{heads}, context {s['context']}, dropout {s['dropout']:g}, "
+            f"batch {s['batch_size']}, lr {s['lr']:g}"
+        )
+
+    t = PRESET_TABLE
+    return f"for {PRESET_USE[name]}: transformer {sizes(t['transformer'][name])}; lstm/gru {sizes(t['lstm'][name])}"
+
+
+def train_configs(kind: str, preset_name: str, given: dict) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a training run: the settings given (a field's name -> its value; absent or None: not
+    given) over the preset's, over the fields' defaults; the step and time budget worked out from each
+    other (TrainConfig.budget); both validated (the vocabulary size is the tokenizer's, set later)."""
+    model_preset, train_preset = preset(kind, preset_name)
+    given = {k: v for k, v in given.items() if v is not None}  # never `or`: --steps 0 must be refused, not replaced
+    given |= TrainConfig.budget(given.pop("steps", None), given.pop("max_time", None))
+    model_keys = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
+    model = ModelConfig(**{**model_preset, **{k: v for k, v in given.items() if k in model_keys}})
+    replace(model, vocab_size=2).validate()
+    train = TrainConfig(**{**train_preset, **{k: v for k, v in given.items() if k not in model_keys}}).validate()
+    return model, train
 
 
 def preset(kind: str, name: str) -> tuple[dict, dict]:
@@ -299,16 +516,3 @@ def preset(kind: str, name: str) -> tuple[dict, dict]:
     model = {k: v for k, v in table.items() if k in MODEL_KEYS}
     train = {k: v for k, v in table.items() if k not in MODEL_KEYS}
     return model, train
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """'90s', '10m', '1.5h', '120' -> seconds."""
-    m = _DURATION.match(text)
-    _check(m is not None, f"cannot read duration '{text}': use e.g. 90s, 10m or 1h")
-    value, unit = float(m.group(1)), m.group(2) or "s"
-    seconds = value * {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[unit]
-    _check(seconds > 0, f"duration must be positive, got '{text}'")
-    return seconds

@@ -302,5 +302,7 @@ class Batches:
         return len(tokenizer.decode(ids)) / len(ids)
 
 
-def bits_per_char(loss_nats_per_token: float, chars_per_token: float) -> float:
-    return loss_nats_per_token / math.log(2) / chars_per_token
+def bits_per_char(nats: float, chars_per_token: float = 1.0, *, chars: float | None = None) -> float:
+    """The one conversion to bits per character: a loss in nats per token and the characters per token,
+    or a total of nats over `chars` characters (or bytes, for bits per byte)."""
+    return nats / math.log(2) / (chars if chars is not None else chars_per_token)

@@ -36,14 +36,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm.config import ConfigError
-from charlm.data import CorpusError, iter_corpus
+from charlm.config import UNKNOWN, ConfigError
+from charlm.data import CorpusError, bits_per_char, iter_corpus
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError
 
 Tokenizer = CharTokenizer | BPETokenizer
 Progress = Callable[[int, int], None]
-LN2 = math.log(2)
-UNKNOWN_POLICIES = ("error", "drop", "replace")
 
 
 class UnknownCharactersInFile(CorpusError):
@@ -70,11 +68,11 @@ class EvalResult:
 
     @property
     def bits_per_char(self) -> float:
-        return self.nats / self.chars / LN2
+        return bits_per_char(self.nats, chars=self.chars)
 
     @property
     def bits_per_byte(self) -> float:
-        return self.nats / self.bytes / LN2
+        return bits_per_char(self.nats, chars=self.bytes)
 
     def to_dict(self) -> dict:
         return {
@@ -97,7 +95,7 @@ class EvalResult:
 def encode_file(path: str | os.PathLike, tokenizer: Tokenizer, unknown: str = "error") -> tuple[np.ndarray, int]:
     """The token ids of a UTF-8 text file (read with iter_corpus: CRLF -> LF, BOM removed) and how many
     characters were dropped because a char tokenizer does not know them (unknown="drop")."""
-    if unknown not in UNKNOWN_POLICIES:
+    if unknown not in UNKNOWN:
         raise ConfigError(f"--unknown must be error, drop or replace, got {unknown!r}")
     parts, missing, dropped = [], {}, 0
     for chunk in iter_corpus(path):

@@ -103,6 +103,14 @@ class Stats:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @staticmethod
+    def total(runs: list[Stats]) -> Stats:
+        """Several runs as one: tokens and seconds added up, the mean time to first token."""
+        ttft = sum(r.ttft_ms for r in runs) / len(runs) if runs else 0.0
+        return Stats(
+            sum(r.tokens for r in runs), sum(r.seconds for r in runs), ttft, runs[0].prompt_tokens if runs else 0
+        )
+
     def to_dict(self) -> dict:
         return {
             "tokens": self.tokens,

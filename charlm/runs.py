@@ -193,20 +193,7 @@ def describe(run: Path) -> dict:
         saved = checkpoint.read_header(run / "last.pt")
     except checkpoint.CheckpointError as e:
         return {**row, "error": str(e)}
-    m, t = saved.model_config, saved.train_config
-    return {
-        **row,
-        "model": m.kind,
-        "layers": m.n_layers,
-        "d_model": m.d_model,
-        "tokenizer": t.tokenizer,
-        "vocab_size": m.vocab_size,
-        "params": saved.params,
-        "steps": saved.step,
-        "train_seconds": round(saved.train_seconds, 2),
-        "best_val_bpc": saved.best_val_bpc,
-        "corpus": saved.corpus.name if saved.corpus else None,
-    }
+    return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run
 
 
 def read_metrics(run: Path) -> list[dict]:

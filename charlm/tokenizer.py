@@ -14,7 +14,7 @@ from itertools import chain
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-UNKNOWN_POLICIES = ("error", "drop", "replace")
+from charlm.config import UNKNOWN as UNKNOWN_POLICIES
 
 
 class UnknownCharactersError(ValueError):

@@ -17,12 +17,14 @@ from rich.console import Console
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.config import ConfigError, ModelConfig
+from charlm.commands.chat import parse_words
+from charlm.commands.look import attention
+from charlm.config import AttnConfig, ConfigError, ModelConfig
 from charlm.models import build_model
 from charlm.models.probes import head_stats
 from charlm.tokenizer import BPETokenizer, CharTokenizer
-from charlm.views.attention import AttnOptions, map_lines, parse_args, show_attention
-from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, shade_index, token_label
+from charlm.views.attention import draw_attention, map_lines
+from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, Screen, shade_index, token_label
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
 ROW = re.compile(r"^\s*(\d+) ")
@@ -54,6 +56,12 @@ def weights_of(model, ids):
     with torch.no_grad():
         model(torch.tensor([ids[offset:]]), attn=attn)
     return offset, torch.stack([a[0] for a in attn]).numpy()
+
+
+def show_attention(console, model, tok, ids, args):
+    """What chat's /attn ARGS draws: the words as an AttnConfig, the numbers, the views."""
+    opts = parse_words(AttnConfig, args, "attn")
+    draw_attention(console, tok, attention(model, tok, ids, opts), opts, Screen.of(console, opts.ascii))
 
 
 def render(model, tok, ids, args, width=100, encoding=None):
@@ -114,8 +122,8 @@ def test_map_cells_are_the_right_shades(peaky, tok, ascii, width, tokens, end):
     ids = tok.encode(TEXT)
     offset, weights = weights_of(peaky, ids)
     layer, head = 1, 2
-    opts = AttnOptions(layer=layer, head=head, tokens=tokens, end=end, ascii=ascii)
-    lines = map_lines(tok, ids, offset, weights[layer, head], width, opts, ascii, "t")
+    opts = AttnConfig(layer=layer, head=head, tokens=tokens, end=end, ascii=ascii)
+    lines = map_lines(tok, attention(peaky, tok, ids, opts), opts, Screen(width, None, ascii))
     n = len([x for x in lines if ROW.match(x.plain)])
     prefix = len(str(len(ids) - 1)) + 3  # "<pos> <one-char label> "
     cell = 2 if 2 * n <= width - prefix - NOTE else 1  # two cells per column when the window fits so
@@ -240,16 +248,18 @@ def test_focus_lists_the_top_keys(peaky, tok):
     assert f"what did token {TEXT.rindex('J')} 'J' look at?" in text
 
 
-def test_parse_args():
-    assert parse_args([]) == AttnOptions()
-    o = parse_args(["2", "1"])
+def test_the_words_of_attn_are_the_config_fields():
+    parse = lambda args: parse_words(AttnConfig, args, "attn")  # noqa: E731
+    assert parse([]) == AttnConfig()
+    o = parse(["2", "1"])
     assert (o.layer, o.head, o.show_map) == (2, 1, True)
-    o = parse_args(["overview"])
+    o = parse(["overview"])
     assert o.overview and not o.show_map
-    o = parse_args(["1", "focus", "e", "tokens", "9", "end", "20", "ascii", "abs"])
+    o = parse(["1", "focus", "e", "tokens", "9", "end", "20", "ascii", "abs"])
     assert (o.layer, o.focus, o.tokens, o.end, o.ascii, o.scale) == (1, "e", 9, 20, True, "abs")
-    assert parse_args(["focus"]).focus == ""
-    assert not parse_args(["0", "1", "focus", "3"]).show_map  # the head chosen is the focus view's
+    assert parse(["focus"]).focus == "" and parse(["focus", "tokens", "3"]).focus == ""  # the last token
+    assert not parse(["0", "1", "focus", "3"]).show_map  # the head chosen is the focus view's
+    assert parse(["scale", "abs"]).scale == "abs" and parse(["top", "3"]).top == 3
 
 
 @pytest.mark.parametrize(
@@ -259,12 +269,13 @@ def test_parse_args():
         (["0", "3"], "head 3 is out of range: each layer has heads 0..2"),
         (["0", "1", "mean"], "choose one head or the mean over heads, not both"),
         (["sideways"], "unknown /attn argument 'sideways'"),
-        (["tokens"], "'tokens' needs a number after it"),
+        (["tokens"], "'tokens' needs a value after it"),
         (["tokens", "x"], "tokens must be a whole number"),
         (["tokens", "0"], "tokens must be at least 1"),
         (["end", "999"], "end 999 is outside"),
         (["focus", "Z"], "no 'Z' in the text the model sees"),
         (["1", "2", "3"], "at most a layer and a head"),
+        (["overview", "1"], "overview shows every head"),
     ],
 )
 def test_bad_arguments_are_one_line_config_errors(peaky, tok, args, message):
@@ -280,7 +291,9 @@ def test_too_narrow_is_a_config_error(peaky, tok):
 
 def test_no_attention_on_an_rnn_and_no_text(peaky, tok):
     lstm = build_model(ModelConfig(kind="lstm", vocab_size=tok.vocab_size, n_layers=1, d_model=16)).eval()
-    with pytest.raises(ConfigError, match=r"^this LSTM/GRU has no attention; try /gates$"):
+    with pytest.raises(
+        ConfigError, match=r"^this LSTM has no attention; charlm gates \(/gates in chat\) shows its gates$"
+    ):
         render(lstm, tok, tok.encode("abc"), ["overview"])
     with pytest.raises(ConfigError, match="no text to look at yet"):
         render(peaky, tok, [], [])
@@ -334,7 +347,7 @@ def test_cli_attn_char_and_bpe(view_runs):
     [
         (["--layer", "2"], "layer 2 is out of range"),
         (["--head", "5"], "head 5 is out of range"),
-        (["--overview", "--layer", "0"], "--overview shows every head"),
+        (["--overview", "--layer", "0"], "overview shows every head: drop the layer/head/mean choice"),
         (["--head", "0", "--mean"], "choose one head or the mean"),
         (["--width", "10"], "--width must be at least 20"),
         (["--focus", "99"], "outside the text"),
@@ -349,7 +362,7 @@ def test_cli_attn_errors_are_one_line(view_runs, args, message):
 
 def test_cli_attn_wrong_model_prompt_and_checkpoint(view_runs, tmp_path):
     for args, message in (
-        ([view_runs["lstm"], "-p", "ROMEO"], "has no attention; try 'charlm gates'"),
+        ([view_runs["lstm"], "-p", "ROMEO"], "has no attention; charlm gates (/gates in chat) shows its gates"),
         ([view_runs["tf"], "-p", ""], "--prompt is empty"),
         ([view_runs["tf"], "-p", "zebra ☃"], "never saw"),
         ([tmp_path / "nothing", "-p", "ROMEO"], "no such checkpoint"),

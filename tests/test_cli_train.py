@@ -51,7 +51,7 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
     r = train(corpus, tmp_path / "run", "--steps", 20, "--eval-interval", 10)
     assert r.stderr == ""
     out = r.stdout
-    assert "transformer (1 layers × 32, 2 heads, context 32)" in out and "char tokenizer" in out
+    assert "transformer (1 layer × 32, 2 heads, context 32)" in out and "char tokenizer" in out
     assert "eval step 10:" in out and "eval step 20:" in out and "bits/char" in out
     assert "training done" in out and "20 (reached --steps)" in out
     assert f"charlm chat {tmp_path / 'run'}" in out

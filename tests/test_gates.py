@@ -16,12 +16,15 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from charlm.cli import main
-from charlm.config import ConfigError, ModelConfig
+from charlm.commands.chat import parse_words
+from charlm.commands.look import gates
+from charlm.config import ConfigError, GatesConfig, ModelConfig, parse_units
 from charlm.models import build_model
-from charlm.models.probes import trace_model, trace_rnn
+from charlm.models.probes import LayerTrace, choose_units, trace_model, trace_rnn
 from charlm.tokenizer import CharTokenizer
-from charlm.views.gates import GateOptions, choose_units, parse_args, parse_units, show_gates
-from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, shade_index
+from charlm.views.gates import draw_gates, fitting_units
+from charlm.views.gates import panels as gate_panels
+from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, Screen, shade_index
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
@@ -90,32 +93,45 @@ def test_trace_model_matches_the_models_own_forward(kind, tok):
 def test_choose_units():
     T, H = 20, 6
     rng = np.random.default_rng(0)
-    gates = {name: np.full((T, H), 0.5) for name in ("forget", "input", "output")}
-    gates["forget"][:, 4] = rng.uniform(0, 1, T)  # changes most
-    gates["input"][:, 1] = rng.uniform(0.4, 0.6, T)  # changes a little
-    assert choose_units(gates, "lstm", 2, H) == [4, 1]
-    assert choose_units(gates, "lstm", [5, 0], H) == [5, 0]
-    assert len(choose_units(gates, "lstm", None, H)) == H  # the default 8, or all when there are fewer
+    gates = {name: torch.full((1, T, H), 0.5) for name in ("input", "forget", "cell", "output")}
+    gates["forget"][0, :, 4] = torch.tensor(rng.uniform(0, 1, T))  # changes most
+    gates["input"][0, :, 1] = torch.tensor(rng.uniform(0.4, 0.6, T))  # changes a little
+    gates["cell"][0, :, 3] = torch.tensor(rng.uniform(-1, 1, T))  # a candidate value, not a gate: not counted
+    trace = LayerTrace(gates, torch.zeros(1, T, H), torch.zeros(1, T, H))
+    assert choose_units(trace, 2) == [4, 1]
+    assert choose_units(trace, [5, 0]) == [5, 0]
+    assert len(choose_units(trace, None)) == H  # the default 8, or all when there are fewer
     with pytest.raises(ConfigError, match="unit 6 is out of range: this layer has units 0..5"):
-        choose_units(gates, "lstm", [1, 6], H)
+        choose_units(trace, [1, 6])
     with pytest.raises(ConfigError, match="units must be between 1 and 6"):
-        choose_units(gates, "lstm", 7, H)
+        choose_units(trace, 7)
 
 
-def test_parse():
+def test_the_words_of_gates_are_the_config_fields():
     assert parse_units("8") == 8 and parse_units("3,17") == [3, 17] and parse_units("5,") == [5]
     with pytest.raises(ConfigError, match="units must be a count"):
         parse_units("three")
-    assert parse_args([]) == GateOptions()
-    o = parse_args(["1", "units", "2,3", "tokens", "12", "ascii"])
+    parse = lambda args: parse_words(GatesConfig, args, "gates")  # noqa: E731
+    assert parse([]) == GatesConfig()
+    o = parse(["1", "units", "2,3", "tokens", "12", "ascii"])
     assert (o.layer, o.units, o.tokens, o.ascii) == (1, [2, 3], 12, True)
     for args, message in (
         (["sideways"], "unknown /gates argument"),
         (["units"], "needs a value"),
         (["tokens", "x"], "whole number"),
+        (["units", "three"], "units must be a count"),
+        (["1", "2"], "at most a layer"),
     ):
         with pytest.raises(ConfigError, match=message):
-            parse_args(args)
+            parse(args)
+
+
+def show_gates(console, model, tok, ids, args):
+    """What chat's /gates ARGS draws: the words as a GatesConfig, the numbers, the view."""
+    opts = parse_words(GatesConfig, args, "gates")
+    screen = Screen.of(console, opts.ascii)
+    fits = lambda trace: fitting_units(len(gate_panels(trace)), screen.height)  # noqa: E731
+    draw_gates(console, tok, gates(model, ids, opts, fits), opts, screen)
 
 
 def render(model, tok, args, width=100, text=TEXT):
@@ -199,7 +215,9 @@ def test_window_and_errors(tok):
         with pytest.raises(ConfigError, match=message):
             render(lstm, tok, args)
     tf = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=1, d_model=16, n_heads=2))
-    with pytest.raises(ConfigError, match=r"^a transformer has no gates; try /attn$"):
+    with pytest.raises(
+        ConfigError, match=r"^a transformer has no gates; charlm attn \(/attn in chat\) shows its attention$"
+    ):
         render(tf.eval(), tok, ["units", "3"])
     with pytest.raises(ConfigError, match="no text to look at yet"):
         render(lstm, tok, [], text="")
@@ -219,7 +237,7 @@ def test_cli_gates(view_runs):
 @pytest.mark.parametrize(
     "run_name,args,message",
     [
-        ("tf", [], "is a transformer: it has no gates; try 'charlm attn'"),
+        ("tf", [], "a transformer has no gates; charlm attn (/attn in chat) shows its attention"),
         ("lstm", ["--layer", "5"], "layer 5 is out of range"),
         ("lstm", ["--units", "x"], "units must be a count"),
         ("lstm", ["--units", "40,"], "unit 40 is out of range"),

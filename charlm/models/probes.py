@@ -37,6 +37,8 @@ MAX_GATE_TOKENS = 2048  # longer texts: the gates of the last ones (the Python l
 
 LSTM_GATES = ("input", "forget", "cell", "output")  # PyTorch's order: i, f, g, o
 GRU_GATES = ("reset", "update", "new")  # r, z, n
+CANDIDATES = ("cell", "new")  # the candidate values: no gates, left out when units are chosen by their gates
+DEFAULT_UNITS = 8
 
 
 @dataclass
@@ -184,3 +186,21 @@ def head_stats(weights: np.ndarray) -> list[HeadStats]:
                 share = float(counts[common] / len(offsets))
             out.append(HeadStats(layer, head, ent, dist, common, share))
     return out
+
+
+def choose_units(trace: LayerTrace, units: int | list[int] | None) -> list[int]:
+    """Units to show: the given ones, or the `units` (default DEFAULT_UNITS) whose gates vary most over the
+    text: the sum over the gates of each unit's standard deviation over time."""
+    hidden = trace.h.shape[-1]
+    if isinstance(units, list):
+        if not units:
+            raise ConfigError("give at least one unit")
+        bad = [u for u in units if not 0 <= u < hidden]
+        if bad:
+            raise ConfigError(f"unit {bad[0]} is out of range: this layer has units 0..{hidden - 1}")
+        return units
+    units = min(DEFAULT_UNITS, hidden) if units is None else units
+    if not 1 <= units <= hidden:
+        raise ConfigError(f"units must be between 1 and {hidden} (this layer's size), got {units}")
+    change = sum(v[0].float().std(dim=0) for name, v in trace.gates.items() if name not in CANDIDATES)  # (H,)
+    return [int(u) for u in np.argsort(-change.cpu().numpy(), kind="stable")[:units]]

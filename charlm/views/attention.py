@@ -8,15 +8,12 @@ Views (overview, stats and focus combine; the map is shown when none of them is 
             the most global head
   focus     one query token: the keys it attended to most, as bars with weights
 
-The weights and head statistics come from charlm.models.probes (the model's own forward pass); the text
-runs as one window, its last `context` tokens. This module only lays them out and prints. Layers and
+The numbers come from charlm.commands.look.attention (the model's own forward pass over the text's last
+`context` tokens, and every head's statistics); this module only lays them out and prints. Layers and
 heads count from 0.
 """
 
 from __future__ import annotations
-
-import difflib
-from dataclasses import dataclass, replace
 
 import numpy as np
 from rich import box
@@ -25,12 +22,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.config import ConfigError
-from charlm.models.probes import HeadStats, capture_attention, head_stats
+from charlm.commands.look import Attention
+from charlm.config import AttnConfig, ConfigError
+from charlm.models.probes import HeadStats
 from charlm.views.heatmap import (
     ASCII_PROSE,
     MAX_HEADER,
     MAX_LABEL,
+    Screen,
     clip_label,
     fit_map,
     heatmap_lines,
@@ -41,112 +40,23 @@ from charlm.views.heatmap import (
     ramp,
     shade_index,
     token_label,
-    use_ascii,
     window,
 )
 
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
 
-USAGE = "try /attn help"
-HELP = """/attn                 the last layer, mean over its heads (rows: tokens; columns: what they saw)
-/attn L H             layer L, head H (counted from 0)
-/attn L               layer L, mean over its heads (also: /attn L mean)
-/attn overview        every layer × head as small maps
-/attn stats           entropy and mean distance of every head
-/attn focus [N|TEXT]  what one token looked at: a position, or text (the last token of its last
-                      occurrence); default: the last token
-add: tokens N · end N (show the tokens before position N) · top K (focus list)
-     abs (weight 1 is darkest, not each row's largest) · ascii (plain characters)"""
+
+def _title(att: Attention) -> str:
+    n_heads = att.weights.shape[1]
+    return (
+        f"layer {att.layer}, head {att.head}" if att.head is not None else f"layer {att.layer}, mean of {n_heads} heads"
+    )
 
 
-@dataclass
-class AttnOptions:
-    layer: int | None = None  # None: the last layer
-    head: int | None = None  # None: the mean over the layer's heads
-    mean: bool = False
-    overview: bool = False
-    stats: bool = False
-    focus: str | None = None  # a token position (negative: from the end) or a token's text; "" = last token
-    tokens: int | None = None  # how many tokens to show (default: as many as fit)
-    end: int | None = None  # show the tokens before this position (default: the end of the text)
-    scale: str = "row"  # row: shade relative to each row's largest weight; abs: weight 1 is darkest
-    ascii: bool = False
-    top: int = 10  # keys listed by the focus view
-    height: int | None = None  # the screen's rows: the map and overview shrink to fit (None: no limit)
-    flags: bool = False  # hints name the command line's flags (--end N), not the REPL's words (end N)
-
-    @property
-    def show_map(self) -> bool:
-        # the map unless another view is asked for (the layer/head choice then applies to the focus view)
-        return not (self.overview or self.stats or self.focus is not None)
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"{what} must be a whole number, got '{text}'") from None
-
-
-def parse_args(args: list[str]) -> AttnOptions:
-    """The words after /attn in chat, e.g. [], ["1", "2"], ["overview"], ["focus", "12"], ["stats"]."""
-    opts, numbers, i = AttnOptions(), [], 0
-    words = {"overview", "stats", "mean", "focus", "tokens", "end", "top", "abs", "row", "ascii"}
-    while i < len(args):
-        a = args[i].lower()
-        if a in ("overview", "stats", "mean", "ascii"):
-            setattr(opts, a, True)
-        elif a in ("abs", "row"):
-            opts.scale = a
-        elif a == "focus":
-            if i + 1 < len(args) and args[i + 1].lower() not in words:
-                opts.focus = args[i + 1]
-                i += 1
-            else:
-                opts.focus = ""
-        elif a in ("tokens", "end", "top"):
-            if i + 1 >= len(args):
-                raise ConfigError(f"'{a}' needs a number after it")
-            setattr(opts, a, _int(args[i + 1], a))
-            i += 1
-        elif a.lstrip("-").isdigit():
-            numbers.append(int(a))
-        else:
-            raise ConfigError(f"unknown /attn argument '{args[i]}': {USAGE}")
-        i += 1
-    if len(numbers) > 2:
-        raise ConfigError(f"/attn takes at most a layer and a head, got {len(numbers)} numbers: {USAGE}")
-    if numbers:
-        opts.layer = numbers[0]
-    if len(numbers) == 2:
-        opts.head = numbers[1]
-    return opts
-
-
-def _check_choice(opts: AttnOptions, n_layers: int, n_heads: int) -> tuple[int, int | None]:
-    layer = n_layers - 1 if opts.layer is None else opts.layer
-    if not 0 <= layer < n_layers:
-        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{n_layers - 1}")
-    if opts.head is not None and not 0 <= opts.head < n_heads:
-        raise ConfigError(f"head {opts.head} is out of range: each layer has heads 0..{n_heads - 1}")
-    if opts.head is not None and opts.mean:
-        raise ConfigError("choose one head or the mean over heads, not both")
-    if opts.scale not in ("row", "abs"):
-        raise ConfigError(f"unknown scale '{opts.scale}': choose row or abs")
-    if opts.top < 1:
-        raise ConfigError(f"top must be at least 1, got {opts.top}")
-    return layer, opts.head
-
-
-def _title(layer: int, head: int | None, n_heads: int) -> str:
-    return f"layer {layer}, head {head}" if head is not None else f"layer {layer}, mean of {n_heads} heads"
-
-
-def map_lines(
-    tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions, ascii: bool, title: str
-) -> list[Text]:
-    """The heat map of one (T, T) weight matrix, fitted to `width` cells."""
+def map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
+    """The heat map of the chosen head (or layer mean), fitted to the screen."""
+    ids, offset, w, ascii = att.ids, att.offset, att.chosen, screen.ascii
     labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
     digits = len(str(len(ids) - 1))
     label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
@@ -154,8 +64,8 @@ def map_lines(
     note_w = 5  # " 0.93": the row's largest weight
     header = min(MAX_HEADER, max(len(x) for x in labels))
     # one row per token: besides them, the legend (2 lines), title, column labels, footer, a note, the prompt
-    rows = opts.height - 7 - header if opts.height else None
-    start, stop, cell = fit_map(width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows)
+    rows = screen.height - 7 - header if screen.height else None
+    start, stop, cell = fit_map(screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows)
     n = stop - start
     a, b = start - offset, stop - offset
     values = w[a:b, a:b]
@@ -174,7 +84,7 @@ def map_lines(
     lines = [
         legend(ascii, "1" if opts.scale == "abs" else "row max", what),
         Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
-        Text(title, style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"),
+        Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"),
     ]
     lines += heatmap_lines(
         values,
@@ -187,32 +97,27 @@ def map_lines(
         row_notes=notes,
     )
     if start > 0 or stop < len(ids):
-        lines.append(Text(f"showing tokens {start}..{stop - 1}; {_move_hint(opts)}", style="dim"))
+        lines.append(Text(f"showing tokens {start}..{stop - 1}; {screen.move_hint()}", style="dim"))
     return lines
 
 
-def _move_hint(opts: AttnOptions) -> str:
-    return "move with --end N, size with --tokens N" if opts.flags else "move with end N, size with tokens N"
-
-
-def overview_lines(
-    tokenizer, ids: list[int], offset: int, weights: np.ndarray, width: int, opts: AttnOptions, ascii: bool
-) -> list[Text]:
+def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
     """Every head as a small map of the last tokens, one row of maps per layer (wrapped to the width)."""
+    ids, offset, weights, width, ascii = att.ids, att.offset, att.weights, screen.width, screen.ascii
     L, H = weights.shape[:2]
     gap = 2
     # as many tokens as let a layer's heads sit side by side (within 12..24), or --tokens
     size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
     if size < 2:
         raise ConfigError(f"width {width} is too narrow for the overview")
-    if opts.height and not opts.tokens:  # every layer's row of maps on one screen: smaller maps, down to 6 tokens
+    if screen.height and not opts.tokens:  # every layer's row of maps on one screen: smaller maps, down to 6 tokens
         tiles_down = L * -(-H // max(1, (width + gap) // (max(size, 6) + gap)))
-        size = max(6, min(size, (opts.height - 6) // tiles_down - 2))
+        size = max(6, min(size, (screen.height - 6) // tiles_down - 2))
     start, stop = window(offset, len(ids), size, size, opts.end)
     n = stop - start
     tile = max(n, 6)  # room for a title like "L0H1"
     per_line = max(1, (width + gap) // (tile + gap))
-    stats = {(s.layer, s.head): s for s in head_stats(weights)}
+    stats = {(s.layer, s.head): s for s in att.stats}
     chars = ramp(ascii)
     a, b = start - offset, stop - offset
     drawn = np.tril(np.ones((n, n), dtype=bool))
@@ -247,7 +152,7 @@ def overview_lines(
             style="dim",
         ),
     )
-    out += [_extremes(list(stats.values()))]
+    out += [_extremes(att.stats)]
     return out
 
 
@@ -261,8 +166,7 @@ def _extremes(stats: list[HeadStats]) -> Text:
     )
 
 
-def stats_table(weights: np.ndarray, ascii: bool, n_tokens: int) -> tuple[Table, Text]:
-    stats = head_stats(weights)
+def stats_table(stats: list[HeadStats], ascii: bool, n_tokens: int) -> tuple[Table, Text]:
     local = min(stats, key=lambda s: s.distance)
     far = max(stats, key=lambda s: s.distance)
     # narrow headers, so the table keeps one line per head at 60 columns; the legend line says what they mean
@@ -299,52 +203,14 @@ STATS_LEGEND = (
 )
 
 
-def _resolve_focus(tokenizer, ids: list[int], offset: int, focus: str) -> int:
-    """The position `focus` names: a number (negative: from the end), a token's text (as shown, e.g.
-    '␣what', or as written, ' what'), else a piece of the text: the token holding its last character, in
-    its last occurrence the model sees. On a miss, the error lists the nearest tokens."""
-    if focus == "":
-        return len(ids) - 1
-    try:
-        pos = int(focus)
-    except ValueError:
-        for p in range(len(ids) - 1, offset - 1, -1):  # the last token with that text
-            text = tokenizer.token_bytes(ids[p]).decode("utf-8", errors="replace")
-            if focus in (text, token_label(tokenizer, ids[p]), token_label(tokenizer, ids[p], ascii=True)):
-                return p
-        pieces = [tokenizer.token_bytes(t) for t in ids[offset:]]
-        at = b"".join(pieces).rfind(focus.encode("utf-8"))
-        if at >= 0:
-            last, end = at + len(focus.encode("utf-8")) - 1, 0
-            for p, piece in enumerate(pieces):
-                end += len(piece)
-                if end > last:
-                    return offset + p
-        if offset and focus.encode("utf-8") in b"".join(tokenizer.token_bytes(t) for t in ids):
-            raise ConfigError(
-                f"'{focus}' is only in the text before the last {len(ids) - offset} tokens, which the "
-                f"model sees: give a position ({offset}..{len(ids) - 1}) or later text"
-            ) from None
-        shown = sorted({token_label(tokenizer, t) for t in ids[offset:]})
-        near = difflib.get_close_matches(focus, shown, n=5, cutoff=0.3)
-        hint = f"; nearest tokens: {', '.join(repr(t) for t in near)}" if near else ""
-        raise ConfigError(
-            f"no '{focus}' in the text the model sees{hint}; or give a position ({offset}..{len(ids) - 1})"
-        ) from None
-    pos = pos if pos >= 0 else len(ids) + pos
-    if not offset <= pos < len(ids):
-        raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
-    return pos
-
-
-def focus_lines(
-    tokenizer, ids: list[int], offset: int, w: np.ndarray, width: int, opts: AttnOptions, ascii: bool, title: str
-) -> list[Text]:
-    """For one query token: the text before it shaded by attention, then its top keys as bars."""
-    q = _resolve_focus(tokenizer, ids, offset, opts.focus)
-    row = w[q - offset, : q - offset + 1]  # the keys it could see
+def focus_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
+    """For the focus token: the text before it shaded by attention, then its top keys as bars."""
+    ids, offset, q, width, ascii = att.ids, att.offset, att.focus, screen.width, screen.ascii
+    row = att.chosen[q - offset, : q - offset + 1]  # the keys it could see
     label = token_label(tokenizer, ids[q], ascii)
-    out = [Text(f"what did token {q} '", style="bold") + Text(label) + Text(f"' look at? ({title})", style="bold")]
+    out = [
+        Text(f"what did token {q} '", style="bold") + Text(label) + Text(f"' look at? ({_title(att)})", style="bold")
+    ]
     # the text leading up to it, each token shaded underneath by the weight it got
     chars = ramp(ascii)
     top_w = float(row.max())
@@ -386,45 +252,22 @@ def _bar(fraction: float, width: int, ascii: bool) -> str:
     return "█" * (eighths // 8) + (BAR_EIGHTHS[eighths % 8] if eighths % 8 else "")
 
 
-def attention_blocks(
-    tokenizer, ids: list[int], offset: int, weights: np.ndarray, opts: AttnOptions, width: int, ascii: bool
-) -> list[list]:
+def attention_blocks(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[list]:
     """The views chosen in opts, laid out: one block (a list of Text lines or tables) per view."""
-    n_layers, n_heads = weights.shape[:2]
-    layer, head = _check_choice(opts, n_layers, n_heads)
-    w = weights[layer, head] if head is not None else weights[layer].mean(axis=0)
-    title = _title(layer, head, n_heads)
     blocks: list[list] = []
     if opts.show_map:
-        blocks.append(map_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
+        blocks.append(map_lines(tokenizer, att, opts, screen))
     if opts.overview:
-        blocks.append(overview_lines(tokenizer, ids, offset, weights, width, opts, ascii))
+        blocks.append(overview_lines(tokenizer, att, opts, screen))
     if opts.stats:
-        blocks.append(list(stats_table(weights, ascii, len(ids) - offset)))
-    if opts.focus is not None:
-        blocks.append(focus_lines(tokenizer, ids, offset, w, width, opts, ascii, title))
-    if offset:
-        blocks[0].insert(0, Text(f"(the model sees the last {len(ids) - offset} of {len(ids)} tokens)", style="dim"))
+        blocks.append(list(stats_table(att.stats, screen.ascii, len(att.ids) - att.offset)))
+    if att.focus is not None:
+        blocks.append(focus_lines(tokenizer, att, opts, screen))
+    if att.offset:
+        n = len(att.ids)
+        blocks[0].insert(0, Text(f"(the model sees the last {n - att.offset} of {n} tokens)", style="dim"))
     return blocks
 
 
-def render_attention(console: Console, model, tokenizer, ids: list[int], opts: AttnOptions) -> None:
-    """Capture the attention on the text `ids`, lay out the views chosen in opts, print them."""
-    if "attention" not in model.capabilities:
-        raise ConfigError("this LSTM/GRU has no attention; try /gates")
-    _check_choice(opts, model.cfg.n_layers, model.cfg.n_heads)  # a bad choice fails before the forward pass
-    offset, weights = capture_attention(model, ids)
-    ascii = use_ascii(console, opts.ascii)
-    if opts.height is None and console.is_terminal:  # a screen: fit its height too (a pipe scrolls freely)
-        opts = replace(opts, height=console.height)
-    print_blocks(console, attention_blocks(tokenizer, ids, offset, weights, opts, console.width, ascii), ascii)
-
-
-def show_attention(console: Console, model, tokenizer, ids: list[int], args: list[str]) -> None:
-    """The chat REPL's /attn [args] on its running text (args: the words after /attn)."""
-    if "attention" not in model.capabilities:
-        raise ConfigError("this LSTM/GRU has no attention; try /gates")
-    if args and args[0].lower() in ("help", "?"):
-        console.print(Text(HELP))
-        return
-    render_attention(console, model, tokenizer, ids, parse_args(args))
+def draw_attention(console: Console, tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> None:
+    print_blocks(console, attention_blocks(tokenizer, att, opts, screen), screen.ascii)

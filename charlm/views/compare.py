@@ -1,6 +1,6 @@
 """`charlm compare` on the screen: the models' continuations in columns as the tokens arrive (plain blocks
-when the output is not a terminal), then a table of what each model is and how it did; and
-`compare --interactive`, the chat input loop with every prompt going to all models.
+when the output is not a terminal), then a table of what each model is and how it did (also after each
+prompt of `compare --interactive`, whose input loop is charlm.commands.compare).
 
 The generation itself, round-robin with per-model timing, is charlm.comparison; this module only draws.
 """
@@ -20,7 +20,6 @@ from rich.text import Text
 
 from charlm.comparison import Comparison, Contestant
 from charlm.models import count_params
-from charlm.views.repl import LEAVE_HINT, Hint, Session
 from charlm.views.text import safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
@@ -248,37 +247,3 @@ class CompareView:
         for p in self.players:
             if p.eval_note:
                 self.console.print(Text(safe_text(f"{p.ckpt.name}: {p.eval_note}"), style="yellow"), soft_wrap=True)
-
-
-class CompareRepl(Session):
-    """`charlm compare -i`: chat's input loop and its shared commands (/set, /help, /quit); each prompt goes to
-    every model. On a terminal it prompts; otherwise each line of stdin is a prompt and hints go to stderr."""
-
-    CHAT_ONLY = ("/show", "/clear", "/reset", "/load", "/mode", "/attn", "/gates", "/save")  # one model's running text
-
-    def __init__(self, view: CompareView, interactive: bool | None = None):
-        comparison = view.comparison
-        super().__init__(comparison.settings, view.console, comparison.unknown, interactive)
-        self.view = view
-
-    def banner(self) -> None:
-        self.console.print(
-            Text(
-                "type a prompt: every model continues it · /help for commands · "
-                f"Ctrl-C stops a generation · {LEAVE_HINT}",
-                style="dim",
-            ),
-            soft_wrap=True,
-        )
-
-    def own_command(self, name: str, rest: str) -> None:
-        if name in self.CHAT_ONLY:
-            raise Hint(
-                f"{name} works on one model's running text: use it in 'charlm chat CKPT'; "
-                "compare -i has /set, /help and /bye"
-            )
-        super().own_command(name, rest)
-
-    def generate(self, prompt: str) -> None:
-        self.view.comparison.settings, self.view.comparison.unknown = self.settings, self.unknown
-        self.view.show(prompt)

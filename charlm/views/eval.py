@@ -49,18 +49,6 @@ class EvalProgress:
             self.progress.stop()
 
 
-def eval_summary(ckpt: Checkpoint, path, result: EvalResult) -> dict:
-    """What `charlm eval --json` prints."""
-    return {
-        "checkpoint": str(ckpt.path),
-        "run": ckpt.name,
-        "model": ckpt.model_config.kind,
-        "tokenizer": ckpt.tokenizer.kind,
-        "file": str(path),
-        **result.to_dict(),
-    }
-
-
 def render_eval(console: Console, ckpt: Checkpoint, path, result: EvalResult) -> None:
     title = safe(ckpt.name, "bold") + safe(f" on {Path(path).name}")
     table = Table(title=title, show_header=False, title_justify="left")

@@ -7,6 +7,8 @@ The cell -> shade step is the pure function `shade_index`; `shade_grid` applies 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from rich.cells import cell_len
 from rich.color import Color
@@ -37,6 +39,25 @@ MAX_HEADER = 6  # lines of a column label (written downwards)
 def use_ascii(console, ascii: bool = False) -> bool:
     """Plain ASCII when asked, or when the terminal's encoding cannot show the Unicode ramp."""
     return ascii or not console.encoding.replace("-", "").startswith("utf")
+
+
+@dataclass
+class Screen:
+    """Where a view is drawn. height: the rows a map may fill (None: no limit, as in a pipe); flags: hints
+    name the command line's flags (--end N) rather than chat's words (end N)."""
+
+    width: int
+    height: int | None = None
+    ascii: bool = False
+    flags: bool = False
+
+    @classmethod
+    def of(cls, console, ascii: bool = False, flags: bool = False) -> Screen:
+        """The console's width, its height on a terminal (a pipe scrolls freely), ASCII where it must be."""
+        return cls(console.width, console.height if console.is_terminal else None, use_ascii(console, ascii), flags)
+
+    def move_hint(self) -> str:
+        return "move with --end N, size with --tokens N" if self.flags else "move with end N, size with tokens N"
 
 
 # the few non-ASCII characters our own prose uses, one for one (so Text spans stay in place)

@@ -70,14 +70,15 @@ def render_list(console: Console, experiments: dict[str, str]) -> None:
     console.print(table)
 
 
-def render_copy_views(console: Console, details: dict, transformer, lstm, ascii: bool = False) -> None:
+def render_copy_views(console: Console, details: dict, attention, gates, screen) -> None:
     """Why copy comes out as it does: the Transformer's copy head on one example (the offset diagonal), then
-    the LSTM's gates on the same example, drawn by the attention and gate viewers. transformer, lstm: loaded
-    checkpoints of the runs named in details."""
-    from charlm.views.attention import AttnOptions, render_attention
-    from charlm.views.gates import GateOptions, render_gates
+    the LSTM's gates on the same example, drawn by the attention and gate viewers. attention, gates:
+    (tokenizer, commands.look.Attention / Gates) of the runs named in details, on its example."""
+    from charlm.config import AttnConfig, GatesConfig
+    from charlm.views.attention import draw_attention
+    from charlm.views.gates import draw_gates
 
-    text, head = "\n" + details["example"], details["copy_head"]
+    head = details["copy_head"]
     console.print()
     console.print(
         Text(
@@ -86,13 +87,8 @@ def render_copy_views(console: Console, details: dict, transformer, lstm, ascii:
             style="bold",
         )
     )
-    render_attention(
-        console,
-        transformer.model,
-        transformer.tokenizer,
-        transformer.tokenizer.encode(text),
-        AttnOptions(layer=head["layer"], head=head["head"], ascii=ascii),
-    )
+    tokenizer, att = attention
+    draw_attention(console, tokenizer, att, AttnConfig(layer=head["layer"], head=head["head"]), screen)
     console.print()
     console.print(
         Text(
@@ -100,7 +96,8 @@ def render_copy_views(console: Console, details: dict, transformer, lstm, ascii:
             style="bold",
         )
     )
-    render_gates(console, lstm.model, lstm.tokenizer, lstm.tokenizer.encode(text), GateOptions(ascii=ascii))
+    tokenizer, g = gates
+    draw_gates(console, tokenizer, g, GatesConfig(), screen)
     console.print(
         Text(
             f"(again: charlm attn {details['transformer_run']} --layer {head['layer']} --head {head['head']} "

@@ -73,10 +73,9 @@ class TrainView:
     def _started(self, e: Started) -> None:
         self.started, self.t_started = e, time.perf_counter()
         m, t = e.model_config, e.train_config
-        size = f"{m.n_layers} layers × {m.d_model}" + (f", {m.n_heads} heads" if m.kind == "transformer" else "")
         # a time-only run has an effectively unlimited step count: don't print 1000000000 steps
         budget = " or ".join(
-            ([f"{t.steps} steps"] if t.steps < 10**9 else []) + ([f"{t.max_time:g}s"] if t.max_time else [])
+            ([f"{t.steps} steps"] if t.step_limited else []) + ([f"{t.max_time:g}s"] if t.max_time else [])
         )
         resumed = f", resuming at step {e.start_step}" if e.start_step else ""
         batch = f"batch {t.batch_size}"
@@ -85,7 +84,7 @@ class TrainView:
                 f" × {t.grad_accum} accum × {e.world_size} processes = {t.batch_size * t.grad_accum * e.world_size}"
             )
         self.console.print(
-            f"[bold]charlm train[/] {m.kind} ({size}, context {m.context}), {e.params / 1e6:.2f}M params, "
+            f"[bold]charlm train[/] {m.describe()}, {e.params / 1e6:.2f}M params, "
             f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
         )
         self.console.print(

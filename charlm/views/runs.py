@@ -3,6 +3,7 @@ with the one terminal chart (views/plot.py)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich import box
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from charlm.data import bits_per_char
 from charlm.views.plot import line_chart
 from charlm.views.text import safe_text
 
@@ -72,8 +74,8 @@ def render_runs(console: Console, rows: list[dict], title: str, now: float | Non
 
 def train_bpc(point: dict) -> float:
     """Bits per character of the training loss: metrics.jsonl holds val_bpc and both losses, and the same
-    factor (chars per token, nats to bits) turns either loss into bits per character."""
-    return point["train_loss"] * point["val_bpc"] / point["val_loss"]
+    characters per token turn either loss into bits per character."""
+    return bits_per_char(point["train_loss"], chars_per_token=point["val_loss"] / point["val_bpc"] / math.log(2))
 
 
 def loss_chart(
@@ -91,7 +93,7 @@ def loss_chart(
     ys = {"loss": (lambda p: p["train_loss"], lambda p: p["val_loss"]), "bpc": (train_bpc, lambda p: p["val_bpc"])}[y]
     series = {}
     for label, points in curves.items():
-        prefix = f"{label} " if len(curves) > 1 else ""
+        prefix = f"{safe_text(label)} " if len(curves) > 1 else ""  # a run's name: never an escape sequence
         for split, value in zip(("train", "val"), ys):
             series[prefix + split] = ([xs(p) for p in points], [value(p) for p in points])
     return line_chart(
@@ -102,3 +104,35 @@ def loss_chart(
         xlabel="step" if x == "step" else "seconds of training",
         ylabel="loss (nats/token)" if y == "loss" else "bits/char",
     )
+
+
+def print_chart(console: Console, curves: dict[str, list[dict]], **kw) -> None:
+    """loss_chart on the console: in colour on a terminal; piped or NO_COLOR, plain characters (the series
+    told apart by their markers)."""
+    color = console.is_terminal and not console.no_color
+    console.file.write(loss_chart(curves, color=color, **kw).rstrip("\n") + "\n")  # (plotext's own colour codes)
+
+
+def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> None:
+    """`charlm info`: what a checkpoint holds (its summary), then its run's curve of bits/char while training."""
+    # names and paths come from the user's files: Text, never markup
+    table = Table(title=Text(safe_text(info["run"])), show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
+    size = f"{info['layers']} layers × {info['d_model']}"
+    if info["heads"]:
+        size += f", {info['heads']} heads, {info['positions']} positions"
+    table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
+    table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
+    table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
+    table.add_row(
+        "trained", Text(safe_text(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))
+    )
+    if info["best_val_loss"] is not None:
+        table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")
+    table.add_row("corpus", Text(safe_text(f"{info['corpus']} (sha256 {str(info['corpus_sha256'])[:12]}…)")))
+    table.add_row("file", Text(safe_text(info["path"])))
+    console.print(table)
+    if curves and len(next(iter(curves.values()))) > 1:
+        console.print(Text("bits/char while training (charlm plot for more):", style="bold"))
+        print_chart(console, curves, y="bpc", x="step", width=min(console.width, 100), height=14)

@@ -1,17 +1,18 @@
-"""The one input loop of `charlm chat` and `charlm compare -i`, and chat's REPL, which streams a model's
-continuation of each prompt, token by token.
+"""The REPL behind `charlm chat` and `charlm compare -i`: the one input loop, what each /command does, and
+chat itself, which streams a model's continuation of each prompt, token by token, and shows the attention
+or the gates over its running text. Drawing is charlm.views (chat.py, attention.py, gates.py).
 
 LineReader reads the lines; Session holds what both commands share (the loop, /help, /set, /bye, hints);
-Repl is chat, views.compare.CompareRepl is compare -i. The commands follow `ollama run` where it has one
-(/bye, /clear, /?, /set parameter KEY VALUE, /load), so its habits work here. On a terminal: line editing
-and history (readline; the history file lives in the charlm cache directory), tab completion of /commands,
-a multi-line paste arrives as one prompt (readline's bracketed paste), multi-line input between \"\"\"
-marks, Ctrl-C stops a running generation or clears the line (it never leaves: that loses the running text
-and the settings), Ctrl-D or /bye leaves. With stdin not a terminal, every input line is a prompt and the
-output is plain text: scriptable.
+Chat is chat, commands.compare.CompareSession is compare -i. The commands follow `ollama run` where it has
+one (/bye, /clear, /?, /set parameter KEY VALUE, /load), so its habits work here. On a terminal: line
+editing and history (readline; the history file lives in the charlm cache directory), tab completion of
+/commands, a multi-line paste arrives as one prompt (readline's bracketed paste), multi-line input between
+\"\"\" marks, Ctrl-C stops a running generation or clears the line (it never leaves: that loses the running
+text and the settings), Ctrl-D or /bye leaves. With stdin not a terminal, every input line is a prompt and
+the output is plain text: scriptable.
 
-Model text is always shown through safe_text in rich Text objects: never parsed as markup, and
-control characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal.
+/set KEY VALUE takes every field of config.SampleConfig, /attn and /gates the fields of config.AttnConfig
+and GatesConfig as words: a new setting there is a new word here, with its help.
 """
 
 from __future__ import annotations
@@ -20,27 +21,30 @@ import dataclasses
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
-from charlm.config import ConfigError
+from charlm.commands import look
+from charlm.config import NONE_WORDS, AttnConfig, ConfigError, GatesConfig, SampleConfig, flag_fields, from_text
 from charlm.data import cache_dir
-from charlm.generate import SampleConfig, Streamer
+from charlm.generate import Streamer
 from charlm.models import count_params
-from charlm.tokenizer import UNKNOWN_POLICIES, UnknownCharactersError
-from charlm.views.attention import show_attention
-from charlm.views.gates import show_gates
+from charlm.runtime import pick_device
+from charlm.tokenizer import UnknownCharactersError
+from charlm.views.attention import draw_attention
+from charlm.views.chat import StreamPrinter, print_banner, print_rows, status_line
+from charlm.views.gates import draw_gates, fitting_units, panels
+from charlm.views.heatmap import Screen
 from charlm.views.text import safe_text
 
+SETTINGS = [f.name for f in flag_fields(SampleConfig)]
 SHARED_COMMANDS = {
     "/help": "this list (also /?)",
-    "/set": "/set KEY VALUE: temperature, top_k, top_p, repetition_penalty, max_tokens, seed, stop, unknown",
+    "/set": f"/set KEY VALUE: {', '.join(SETTINGS)}",
 }
 QUIT = {"/bye": "leave (also /quit, /exit, Ctrl-D)"}
 QUIT_WORDS = ("/bye", "/quit", "/exit", "/q")
@@ -56,43 +60,14 @@ COMMANDS = {  # chat's, in the order /help lists them
     "/save": "/save FILE: write the transcript to FILE",
     **QUIT,
 }
-SETTINGS = ("temperature", "top_k", "top_p", "repetition_penalty", "max_tokens", "seed", "stop", "unknown")
 MODES = ("fresh", "continue")
+VIEWERS = {"attn": AttnConfig, "gates": GatesConfig}
 FENCE = '"""'
 PROMPT, MORE = ">>> ", "... "
 
 
-def unescape(text: str) -> str:
-    r"""'\n', '\t', '\r' and '\\' typed as two characters -> the character itself (for stop strings)."""
-    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
-
-
 class Hint(Exception):
     """A one-line message for the user (a bad command or value); the REPL goes on."""
-
-
-class StreamPrinter:
-    """Writes streamed model text to a console: made visible (safe_text), never markup, and printed at
-    most `fps` times a second, since a full rich print costs ~100 µs and a token ~0.3 ms."""
-
-    def __init__(self, console: Console, style: str, fps: float = 60.0):
-        self.console, self.style, self.interval = console, style, 1.0 / fps
-        self.buffer: list[str] = []
-        self.last = 0.0
-
-    def write(self, piece: str) -> None:
-        self.buffer.append(piece)
-        now = time.perf_counter()
-        if now - self.last >= self.interval:
-            self.flush()
-            self.last = now
-
-    def flush(self) -> None:
-        if not self.buffer:
-            return
-        text = "".join(self.buffer)
-        self.buffer = []
-        self.console.print(Text(safe_text(text), style=self.style), end="", soft_wrap=True)
 
 
 class LineReader:
@@ -206,9 +181,8 @@ class Session:
         ("Ctrl-C", "stop a generation, or clear the line (it never leaves)"),
     ]
 
-    def __init__(self, settings: SampleConfig, console: Console | None, unknown: str, interactive: bool | None):
+    def __init__(self, settings: SampleConfig, console: Console | None, interactive: bool | None):
         self.settings = settings
-        self.unknown = unknown
         self.interactive = sys.stdin.isatty() if interactive is None else interactive
         self.console = console or Console(highlight=False)
         # hints and confirmations: beside the text on a terminal, on stderr when scripted (stdout: text only)
@@ -259,7 +233,7 @@ class Session:
         if name in QUIT_WORDS:
             return False
         if name in ("/help", "/?"):
-            self.show_help()
+            print_rows(self.console, [*self.COMMANDS.items(), *self.HELP_ROWS])
         elif name == "/set":
             self.set(rest)
         else:
@@ -277,38 +251,27 @@ class Session:
         """Whether Enter on an empty line generates (chat's continue mode)."""
         return False
 
-    def show_help(self) -> None:
-        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-        table.add_column(style="bold")
-        table.add_column()
-        rows = [*self.COMMANDS.items(), *self.HELP_ROWS]
-        for name, text in rows:
-            table.add_row(Text(name), Text(text))  # Text, not str: "[args]" is not markup
-        self.console.print(table)
-
     def set(self, rest: str) -> None:
-        rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)  # ollama's spelling: /set parameter temperature 0.5
-        m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)  # KEY VALUE or KEY=VALUE
+        """/set KEY VALUE (or KEY=VALUE, or ollama's /set parameter KEY VALUE): any SampleConfig field."""
+        rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)
+        m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)
         key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
         if key not in SETTINGS:
             raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
+        f = next(f for f in flag_fields(SampleConfig) if f.name == key)
         if not value:
-            raise Hint(f"/set {key} needs a value, e.g. /set {key} {_EXAMPLES[key]}")
-        if key == "unknown":
-            if value not in UNKNOWN_POLICIES:
-                raise Hint(f"/set unknown takes {', '.join(UNKNOWN_POLICIES)}, not {value!r}")
-            self.unknown = value
-            self.hint(f"unknown = {value}", style="green")
-            return
+            raise Hint(f"/set {key} needs a value, e.g. /set {key} {f.metadata['example'] or f.default}")
         try:
-            parsed = _parse_setting(key, value)
+            parsed = from_text(f, value)
+            if f.type.startswith("list"):  # the stop strings: one value, or none
+                parsed = [] if value.lower() in NONE_WORDS else [parsed]
             self.settings = dataclasses.replace(self.settings, **{key: parsed}).validate()
-        except (ValueError, ConfigError) as e:
+        except ConfigError as e:
             raise Hint(f"bad value for {key}: {e}") from None
-        self.hint(f"{key} = {_show_value(parsed)}", style="green")
+        self.hint(f"{key} = {show_value(parsed)}", style="green")
 
 
-class Repl(Session):
+class Chat(Session):
     """`charlm chat`: one model, its running text, and the viewers on it."""
 
     COMMANDS = COMMANDS
@@ -325,27 +288,26 @@ class Repl(Session):
         console: Console | None = None,
         mode: str = "fresh",
         use_cache: bool = True,
-        unknown: str = "drop",
         interactive: bool | None = None,
     ):
         self.talk_to(ckpt, use_cache)
-        super().__init__(settings, console, unknown, interactive)
+        super().__init__(settings, console, interactive)
         self.mode = mode
         self.transcript: list[tuple[str, str]] = []
 
     # ---- generation -----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        tok = self.ckpt.tokenizer
+        tok, unknown = self.ckpt.tokenizer, self.settings.unknown
         try:
             return tok.encode(text, unknown="error")
         except UnknownCharactersError as e:
             shown = ", ".join(safe_text(repr(c)) for c in e.chars[:10]) + (", ..." if len(e.chars) > 10 else "")
-            if self.unknown == "error":
+            if unknown == "error":
                 raise Hint(f"the model never saw {shown}: nothing sent (/set unknown drop or replace)") from None
-            done = "dropped" if self.unknown == "drop" else "replaced"
+            done = "dropped" if unknown == "drop" else "replaced"
             self.hint(f"{done} {len(e.chars)} character{'s' if len(e.chars) != 1 else ''} the model never saw: {shown}")
-            return tok.encode(text, unknown=self.unknown)
+            return tok.encode(text, unknown=unknown)
 
     def talk_to(self, ckpt: Checkpoint, use_cache: bool) -> None:
         """Talk to `ckpt` from now on, with an empty running text."""
@@ -379,19 +341,10 @@ class Repl(Session):
             shown = text or prompt
             if shown and not shown.endswith("\n"):
                 self.console.print()
-            self.status(stopped)
+            window = self.gen.context if self.gen.sliding else None
+            self.console.print(status_line(self.gen.stats, window, len(self.gen.ids), stopped), soft_wrap=True)
         else:
             self.console.print()  # one continuation per line of output (plus its own newlines)
-
-    def status(self, stopped: bool = False) -> None:
-        s = self.gen.stats
-        parts = [f"{s.tokens:,} tokens", f"{s.tokens_per_s:,.0f} tokens/s", f"first token {s.ttft_ms:.0f} ms"]
-        if self.gen.sliding:
-            parts.append(f"context {len(self.gen.ids)}/{self.gen.context}")
-        else:
-            parts.append(f"state after {len(self.gen.ids)} tokens (no context limit)")
-        line = ("stopped · " if stopped else "") + " · ".join(parts)
-        self.console.print(Text(line, style="dim"), soft_wrap=True)
 
     # ---- commands -------------------------------------------------------------------------------
 
@@ -422,46 +375,48 @@ class Repl(Session):
     def goes_on(self) -> bool:
         return self.mode == "continue" and bool(self.gen.ids)
 
+    def about(self) -> str:
+        return f"{self.ckpt.model_config.describe()}, {count_params(self.ckpt.model):,} parameters"
+
     def show(self) -> None:
-        ck, m, s = self.ckpt, self.ckpt.model_config, self.settings
-        table = Table(
-            show_header=False,
-            box=None,
-            padding=(0, 2, 0, 0),
-            title=Text(safe_text(ck.name), style="bold"),
-            title_justify="left",
-        )
-        table.add_column(style="bold")
-        table.add_column()
-        size = f"{m.n_layers} layer{'s' if m.n_layers != 1 else ''} × {m.d_model}"
-        if m.kind == "transformer":
-            size += f", {m.n_heads} heads"
         rows = [
-            ("model", f"{m.kind} ({size}, context {m.context}), {count_params(ck.model):,} parameters"),
-            ("tokenizer", f"{ck.tokenizer.kind}, {ck.tokenizer.vocab_size} tokens"),
+            ("model", self.about()),
+            ("tokenizer", f"{self.ckpt.tokenizer.kind}, {self.ckpt.tokenizer.vocab_size} tokens"),
         ]
-        rows += [(key, _show_value(self.unknown if key == "unknown" else getattr(s, key))) for key in SETTINGS]
+        rows += [(key, show_value(getattr(self.settings, key))) for key in SETTINGS]
         rows += [
             ("mode", self.mode),
             ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
             ("running text", f"{len(self.gen.ids)} tokens"),
         ]
-        for name, value in rows:
-            table.add_row(Text(name), Text(value))  # Text, not str: a stop string like "[b]" is not markup
-        self.console.print(table)
+        print_rows(self.console, rows, title=self.ckpt.name)
 
     def viewer(self, name: str, args: list[str]) -> None:
-        can = self.ckpt.model.capabilities
-        if name == "attn" and "attention" not in can:
-            raise Hint(f"this {self.ckpt.model_config.kind} has no attention; /gates shows its gates")
-        if name == "gates" and "gates" not in can:
-            raise Hint(f"this {self.ckpt.model_config.kind} has no gates; /attn shows its attention")
-        show = show_attention if name == "attn" else show_gates
+        """/attn or /gates with the words after it, on the running text."""
+        want = "attention" if name == "attn" else "gates"
+        if want not in self.ckpt.model.capabilities:
+            other = "gates" if name == "attn" else "attn"
+            raise Hint(
+                f"this {self.ckpt.model_config.kind} has no {want}; /{other} shows its {'attention' if other == 'attn' else 'gates'}"
+            )
+        if args and args[0].lower() in ("help", "?"):
+            print_rows(self.console, words_help(VIEWERS[name], name))
+            return
         if not self.gen.ids:
             raise Hint(f"there is no text yet: type a prompt, then /{name}")
         try:
-            show(self.console, self.ckpt.model, self.ckpt.tokenizer, list(self.gen.ids), args)
-        except (ConfigError, ValueError) as e:
+            opts = parse_words(VIEWERS[name], args, name)
+            screen = Screen.of(self.console, opts.ascii)
+            ids = list(self.gen.ids)
+            if name == "attn":
+                att = look.attention(self.ckpt.model, self.ckpt.tokenizer, ids, opts)
+                draw_attention(self.console, self.ckpt.tokenizer, att, opts, screen)
+            else:
+                fits = lambda trace: fitting_units(len(panels(trace)), screen.height)  # noqa: E731
+                draw_gates(
+                    self.console, self.ckpt.tokenizer, look.gates(self.ckpt.model, ids, opts, fits), opts, screen
+                )
+        except ConfigError as e:
             raise Hint(str(e)) from None
 
     def load(self, path: str) -> None:
@@ -473,10 +428,8 @@ class Repl(Session):
         except CheckpointError as e:
             raise Hint(f"{e}; still talking to {self.ckpt.name}") from None
         self.talk_to(ckpt, self.gen.use_cache)
-        m = ckpt.model_config
         self.hint(
-            f"loaded {ckpt.name} ({m.kind}, {ckpt.tokenizer.kind} tokens, {count_params(ckpt.model):,} parameters, "
-            f"context {m.context}); the running text is empty",
+            f"loaded {ckpt.name} ({self.about()}, {ckpt.tokenizer.kind} tokens); the running text is empty",
             style="green",
         )
 
@@ -489,51 +442,101 @@ class Repl(Session):
             files.atomic_write(target, lambda f: f.write(body.encode("utf-8")))
         except files.WriteError as e:
             raise Hint(str(e)) from None
-        self.hint(
-            f"saved {len(self.transcript)} turn{'s' if len(self.transcript) != 1 else ''} to {target}", style="green"
-        )
+        n = len(self.transcript)
+        self.hint(f"saved {n} turn{'s' if n != 1 else ''} to {target}", style="green")
 
     def banner(self) -> None:
-        m = self.ckpt.model_config
-        self.console.print(
-            Text.assemble(
-                ("charlm chat", "bold"),
-                " · ",
-                safe_text(self.ckpt.name),
-                (f" ({m.kind}, {count_params(self.ckpt.model):,} parameters, context {m.context})", "dim"),
-            ),
-            soft_wrap=True,
-        )
-        self.console.print(
-            Text(f"type a prompt; /help for commands; Ctrl-C stops a generation; {LEAVE_HINT}", style="dim")
+        print_banner(
+            self.console,
+            self.ckpt.name,
+            self.about(),
+            f"type a prompt; /help for commands; Ctrl-C stops a generation; {LEAVE_HINT}",
         )
 
 
-_EXAMPLES = {
-    "temperature": "0.8",
-    "top_k": "40",
-    "top_p": "0.9",
-    "repetition_penalty": "1.2",
-    "max_tokens": "300",
-    "seed": "42 (or none)",
-    "stop": r"\n\n (or none)",
-    "unknown": "drop",
-}
+def chat(
+    ckpt: str,
+    settings: SampleConfig,
+    *,
+    mode: str = "fresh",
+    device: str = "auto",
+    use_cache: bool = True,
+    console: Console | None = None,
+    interactive: bool | None = None,
+) -> None:
+    """`charlm chat CKPT`: the REPL on a checkpoint (a file or a run directory), until /bye or Ctrl-D."""
+    settings.validate()
+    ck = checkpoint.load(ckpt, device=pick_device(device))
+    Chat(ck, settings, console, mode=mode, use_cache=use_cache, interactive=interactive).run()
 
 
-def _parse_setting(key: str, value: str):
-    if key == "stop":
-        return [] if value.lower() in ("none", "off") else [unescape(value)]
-    if key == "seed" and value.lower() in ("none", "random", "off"):
-        return None
-    try:
-        return float(value) if key in ("temperature", "top_p", "repetition_penalty") else int(value)
-    except ValueError:
-        kind = "a number" if key in ("temperature", "top_p", "repetition_penalty") else "a whole number"
-        raise ValueError(f"{value!r} is not {kind}") from None
+# ---- the words of /attn and /gates, from the config fields ------------------------------------------
 
 
-def _show_value(value) -> str:
+def parse_words(cls, words: list[str], command: str):
+    """The words after /attn or /gates as a config: a field's name turns a switch on (overview) or takes the
+    next word as its value (tokens 40); a choice is its value alone (abs); bare numbers fill the
+    positional fields in order (/attn 1 2: layer 1, head 2); an optional text may go without a value
+    (focus: the last token)."""
+    fields = {f.name: f for f in flag_fields(cls)}
+    positional = [f for f in fields.values() if f.metadata["positional"]]
+    values, numbers, i = {}, [], 0
+    while i < len(words):
+        word, key = words[i], words[i].lower().replace("-", "_")
+        f = fields.get(key)
+        choice = next((c for c in fields.values() if key in (c.metadata["choices"] or ())), None)
+        if f is not None and f.type == "bool":
+            values[key] = True
+        elif f is not None:
+            takes_text = f.type == "str | None" and not f.metadata["choices"]
+            if i + 1 < len(words) and not (takes_text and words[i + 1].lower() in fields):
+                values[key] = from_text(f, words[i + 1])
+                i += 1
+            elif takes_text:
+                values[key] = ""
+            else:
+                raise ConfigError(f"'{word}' needs a value after it: try /{command} help")
+        elif choice is not None:
+            values[choice.name] = key
+        elif re.fullmatch(r"-?\d+", word):
+            numbers.append(int(word))
+        else:
+            raise ConfigError(f"unknown /{command} argument '{word}': try /{command} help")
+        i += 1
+    if len(numbers) > len(positional):
+        names = " and ".join(f"a {f.name}" for f in positional)
+        raise ConfigError(f"/{command} takes at most {names}, got {len(numbers)} numbers: try /{command} help")
+    values.update({f.name: n for f, n in zip(positional, numbers)})
+    return cls(**values).validate()
+
+
+def words_help(cls, command: str) -> list[tuple[str, str]]:
+    """/attn help, /gates help: every word with its field's help."""
+    fields = flag_fields(cls)
+    positional = [f.name.upper() for f in fields if f.metadata["positional"]]
+    rows = [
+        (
+            f"/{command} " + " ".join(f"[{p}" for p in positional) + "]" * len(positional),
+            "the view of the running text; words may follow:",
+        )
+    ]
+    for f in fields:
+        if f.metadata["positional"]:
+            continue
+        if f.type == "bool":
+            word = f.name
+        elif f.metadata["choices"]:
+            word = "|".join(f.metadata["choices"])
+        else:
+            word = f"{f.name} {'[TEXT]' if f.type == 'str | None' else 'N'}"
+        rows.append((f"  {word}", f.metadata["help"].replace("--", "")))
+    rows += [
+        (f"  {p}", f.metadata["help"]) for p, f in zip(positional, [f for f in fields if f.metadata["positional"]])
+    ]
+    return rows
+
+
+def show_value(value) -> str:
     if isinstance(value, list):
         return ", ".join(safe_text(repr(v)) for v in value) or "none"
     return "none" if value is None else str(value)

@@ -1,0 +1,43 @@
+"""`charlm eval` as a function: a checkpoint's loss, perplexity and bits per character/byte on a text file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from charlm import checkpoint
+from charlm.checkpoint import Checkpoint
+from charlm.evaluate import EvalResult, Progress, evaluate_file
+from charlm.runtime import pick_device
+
+
+@dataclass
+class Evaluation:
+    ckpt: Checkpoint
+    file: Path
+    result: EvalResult
+
+    def summary(self) -> dict:
+        """What `charlm eval --json` prints: the checkpoint's summary, the file, the scores."""
+        return {
+            "checkpoint": str(self.ckpt.path),
+            **self.ckpt.saved.summary(),
+            "file": str(self.file),
+            **self.result.to_dict(),
+        }
+
+
+def evaluate(
+    ckpt: str,
+    file: str,
+    *,
+    stride: int | None = None,
+    unknown: str = "error",
+    device: str = "auto",
+    progress: Progress | None = None,
+) -> Evaluation:
+    """Score the whole file (see charlm.evaluate for what is counted and how a text longer than the
+    context is read). progress(done, total) as tokens are scored."""
+    ck = checkpoint.load(ckpt, device=pick_device(device))
+    result = evaluate_file(ck.model, ck.tokenizer, file, stride=stride, unknown=unknown, progress=progress)
+    return Evaluation(ck, Path(file), result)

@@ -1,0 +1,130 @@
+"""`charlm attn` and `charlm gates` as functions: the numbers the viewers draw, read off a model's own forward
+pass (models/probes.py), for a text and the view options (config.AttnConfig / GatesConfig). Chat's /attn and
+/gates call the same functions on its running text."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import numpy as np
+
+from charlm.config import AttnConfig, ConfigError, GatesConfig
+from charlm.models.probes import (
+    DEFAULT_UNITS,
+    HeadStats,
+    LayerTrace,
+    capture_attention,
+    choose_units,
+    head_stats,
+    trace_gates,
+)
+from charlm.views.heatmap import token_label
+
+
+@dataclass
+class Attention:
+    """A transformer's attention on a text, and what the options chose of it."""
+
+    ids: list[int]  # the text's tokens
+    offset: int  # the model sees ids[offset:] (its last `context` tokens)
+    weights: np.ndarray  # (layers, heads, T, T): weights[l, h, i, j] is how much token offset+i attended to offset+j
+    stats: list[HeadStats]  # every head's entropy and distance
+    layer: int  # the layer chosen (the last by default)
+    head: int | None  # the head chosen (None: the mean over the layer's heads)
+    focus: int | None  # the position the focus view is about (None: no focus view)
+
+    @property
+    def chosen(self) -> np.ndarray:
+        """The (T, T) weights of the chosen head, or the mean over the chosen layer's heads."""
+        w = self.weights[self.layer]
+        return w[self.head] if self.head is not None else w.mean(axis=0)
+
+
+def attention(model, tokenizer, ids: list[int], opts: AttnConfig) -> Attention:
+    """The attention of model (a checkpoint's, in eval mode) on the text ids, with the choices in opts."""
+    if "attention" not in model.capabilities:
+        raise ConfigError(
+            f"this {model.cfg.kind.upper()} has no attention; charlm gates (/gates in chat) shows its gates"
+        )
+    opts.validate()
+    cfg = model.cfg
+    layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
+    if not 0 <= layer < cfg.n_layers:
+        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{cfg.n_layers - 1}")
+    if opts.head is not None and not 0 <= opts.head < cfg.n_heads:
+        raise ConfigError(f"head {opts.head} is out of range: each layer has heads 0..{cfg.n_heads - 1}")
+    offset, weights = capture_attention(model, ids)  # (a bad choice fails above, before the forward pass)
+    focus = None if opts.focus is None else focus_position(tokenizer, ids, offset, opts.focus)
+    return Attention(ids, offset, weights, head_stats(weights), layer, opts.head, focus)
+
+
+@dataclass
+class Gates:
+    """One layer of an LSTM/GRU over a text: its gates and states, and the units chosen to show."""
+
+    ids: list[int]
+    offset: int  # the trace starts at token offset (a fresh state there)
+    kind: str  # "lstm" or "gru"
+    layer: int
+    trace: LayerTrace
+    units: list[int]
+    chosen: bool  # the units were given, not picked by how much their gates change
+
+
+def gates(model, ids: list[int], opts: GatesConfig, fits=None) -> Gates:
+    """One layer's gates of model (an LSTM's or GRU's) over the text ids, with the choices in opts.
+    fits(trace) -> how many units fit the screen, when opts does not say (None: the default number)."""
+    if "gates" not in model.capabilities:
+        raise ConfigError(f"a {model.cfg.kind} has no gates; charlm attn (/attn in chat) shows its attention")
+    opts.validate()
+    if not ids:
+        raise ConfigError("there is no text to look at yet: give a prompt first")
+    cfg = model.cfg
+    layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
+    if not 0 <= layer < cfg.n_layers:
+        raise ConfigError(f"layer {layer} is out of range: this model has layers 0..{cfg.n_layers - 1}")
+    offset, traces = trace_gates(model, ids)
+    trace = traces[layer]
+    units = opts.units
+    if units is None and fits is not None and (room := fits(trace)) is not None:  # no more than fit the screen
+        units = min(DEFAULT_UNITS, trace.h.shape[-1], room)
+    return Gates(ids, offset, cfg.kind, layer, trace, choose_units(trace, units), opts.units is not None)
+
+
+def focus_position(tokenizer, ids: list[int], offset: int, focus: str) -> int:
+    """The position `focus` names: a number (negative: from the end), a token's text (as shown, e.g.
+    '␣what', or as written, ' what'), else a piece of the text: the token holding its last character, in
+    its last occurrence the model sees. On a miss, the error lists the nearest tokens."""
+    if focus == "":
+        return len(ids) - 1
+    try:
+        pos = int(focus)
+    except ValueError:
+        for p in range(len(ids) - 1, offset - 1, -1):  # the last token with that text
+            text = tokenizer.token_bytes(ids[p]).decode("utf-8", errors="replace")
+            if focus in (text, token_label(tokenizer, ids[p]), token_label(tokenizer, ids[p], ascii=True)):
+                return p
+        pieces = [tokenizer.token_bytes(t) for t in ids[offset:]]
+        at = b"".join(pieces).rfind(focus.encode("utf-8"))
+        if at >= 0:
+            last, end = at + len(focus.encode("utf-8")) - 1, 0
+            for p, piece in enumerate(pieces):
+                end += len(piece)
+                if end > last:
+                    return offset + p
+        if offset and focus.encode("utf-8") in b"".join(tokenizer.token_bytes(t) for t in ids):
+            raise ConfigError(
+                f"'{focus}' is only in the text before the last {len(ids) - offset} tokens, which the "
+                f"model sees: give a position ({offset}..{len(ids) - 1}) or later text"
+            ) from None
+        shown = sorted({token_label(tokenizer, t) for t in ids[offset:]})
+        near = difflib.get_close_matches(focus, shown, n=5, cutoff=0.3)
+        hint = f"; nearest tokens: {', '.join(repr(t) for t in near)}" if near else ""
+        raise ConfigError(
+            f"no '{focus}' in the text the model sees{hint}; or give a position ({offset}..{len(ids) - 1})"
+        ) from None
+    pos = pos if pos >= 0 else len(ids) + pos
+    if not offset <= pos < len(ids):
+        raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
+    return pos

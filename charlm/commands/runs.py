@@ -1,0 +1,52 @@
+"""`charlm info`, `charlm runs` and `charlm plot` as functions: what run directories and checkpoints hold,
+read without torch (checkpoint.read_header) and without building a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from charlm import checkpoint, runs
+from charlm.config import ConfigError
+
+
+def info(path: str | Path) -> dict:
+    """What a checkpoint (a file, or a run directory's best.pt, else last.pt) holds, as plain values."""
+    p = checkpoint.resolve(path)
+    return {"path": str(p), **checkpoint.read_header(p).summary()}
+
+
+def list_runs(directory: Path | None = None) -> tuple[Path, list[dict]]:
+    """(the folder, its runs newest first): each run's summary, or its error (an unreadable last.pt)."""
+    root = directory or runs.RUNS
+    if not root.is_dir():
+        if directory is None:
+            raise ConfigError(
+                f"no {runs.RUNS}/ folder here yet: train a model with charlm train FILE, or give a DIRECTORY"
+            )
+        raise ConfigError(f"no directory {directory}: give a folder that holds run directories")
+    return root, [runs.describe(run) for run in runs.find_runs(root)]
+
+
+def curves(paths: list[str], missing_ok: bool = False) -> dict[str, list[dict]]:
+    """Each run's metrics.jsonl rows, by a label: the directory's name, or the path given where names repeat.
+    A run with no evaluations is an error, or left out (missing_ok)."""
+    dirs = [Path(p) if not Path(p).is_file() else Path(p).parent for p in paths]
+    names = [d.resolve().name for d in dirs]
+    out = {}
+    for given, d, name in zip(paths, dirs, names):
+        if not d.is_dir():
+            raise ConfigError(
+                f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one"
+            )
+        try:
+            points = runs.read_metrics(d)
+        except ConfigError:
+            if missing_ok:
+                continue
+            raise
+        if not points and missing_ok:
+            continue
+        if not points:
+            raise ConfigError(f"{given} has no evaluations yet: plot it after its first one")
+        out[name if names.count(name) == 1 else str(given)] = points
+    return out

@@ -1,0 +1,158 @@
+"""`charlm train` as a function: a corpus and configs in, a trained run directory out.
+
+Around the trainer (charlm.train) it does what a run needs from the outside: the resume rule (runs.py),
+checks before any work (a directory in use, not writable, a run that cannot fit in memory), the run lock,
+and the torchrun relaunch for --nproc. What happens is reported as the trainer's events; errors are
+exceptions with a one-line message (TrainingInterrupted carries the saved step).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from charlm import checkpoint, distributed, files, memory, runs
+from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.runtime import pick_device
+from charlm.train import Result, Trainer
+from charlm.views.text import shell_quote
+
+
+def train(
+    corpus: str,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    out: Path | None = None,
+    *,
+    resume: bool = False,
+    nproc: int | None = None,
+    given: set[str] | None = None,
+    on_event: Callable | None = None,
+    launch: Callable[[list[str]], NoReturn] | None = None,
+    settle_signals: bool = False,
+) -> Result:
+    """Train a model on corpus into out (default: checkpoints/<corpus>-<model>-<tokenizer>), or continue
+    the run there (resume). given: the settings the user typed, for the resume rule (runs.resume_configs;
+    None: every field). nproc > 1: relaunch this command under torchrun through launch(argv), which
+    does not return. settle_signals: once training ends, ignore Ctrl-C and SIGTERM (a process that only
+    has to exit; a Python caller keeps its handlers)."""
+    me = distributed.env()
+    if resume:
+        out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
+        if me.is_main:  # in use: say so first (what follows reads a run that is being written)
+            runs.check_free(out)
+        if not (out / "last.pt").exists():
+            raise ConfigError(
+                f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
+            )
+        model_cfg, train_cfg = runs.resume_configs(
+            out, checkpoint.read(out / "last.pt"), model_cfg, train_cfg, nproc or me.world_size, given
+        )
+    else:
+        out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
+        if me.is_main:
+            runs.check_free(out)
+        check_unused(out)
+    check_writable(out)
+    device = pick_device(train_cfg.device)
+    memory.check_fits(model_cfg, train_cfg, device, nproc or me.world_size)  # before any work
+    if nproc is not None:
+        if me.enabled:
+            raise ConfigError("--nproc starts torchrun itself: drop it when running under torchrun")
+        if nproc < 1:
+            raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+        if nproc > 1:  # everything above was checked once, here; now the same command, N times
+            torchrun(nproc, out, device, launch)
+    # rank 0 holds the run directory until it exits: a second training into it is refused meanwhile
+    lock = runs.RunLock(out) if me.is_main else None
+    try:
+        if lock and not resume:
+            check_unused(out)  # again, now under the lock: another run may have finished in it since
+        run = Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event)
+        if settle_signals and not me.enabled:  # (under torchrun, SIGTERM must still stop a rank that hangs)
+            for s in (signal.SIGINT, signal.SIGTERM):  # fit() handles them from its first line
+                signal.signal(s, signal.SIG_IGN)
+        return run.fit()
+    except files.WriteError as e:
+        if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
+            raise files.WriteError(
+                f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
+                f"{resume_command(corpus, out)}",
+                e.path,
+            ) from None
+        raise
+    finally:
+        distributed.close()
+        if lock:
+            lock.release()
+
+
+def resume_command(corpus: str, out: Path) -> str:
+    """The command that continues the run in out, quoted for the shell."""
+    return f"charlm train {shell_quote(corpus)} --out {shell_quote(out)} --resume"
+
+
+def check_unused(out: Path) -> None:
+    if (out / "last.pt").exists():
+        raise ConfigError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
+
+
+def check_writable(out: Path) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot write to {out}: {probe} is a file, not a directory")
+    try:  # really try: os.access says yes to root, and knows nothing of read-only mounts or ACLs
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+        ) from None
+
+
+def torchrun(nproc: int, out: Path, device: str, launch: Callable[[list[str]], NoReturn] | None) -> NoReturn:
+    """Replace this process by torchrun (PyTorch's launcher) running this same command in nproc
+    processes: the same arguments minus --nproc, with the run directory made explicit."""
+    import torch
+
+    if device == "cuda" and nproc > torch.cuda.device_count():
+        raise ConfigError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) visible; use one process per GPU")
+    argv = sys.argv[1:]
+    if launch is None or not argv or argv[0] != "train":
+        raise ConfigError(
+            "--nproc works from the command line only; run torchrun --nproc-per-node N -m charlm train ..."
+        )
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg == "--nproc" or arg.startswith("--nproc="):
+            skip = arg == "--nproc"
+            continue
+        args.append(arg)
+    if "--out" not in args and not any(a.startswith("--out=") for a in args):
+        args += ["--out", str(out)]
+    launch(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "charlm",
+            *args,
+        ]
+    )
+
+
+def exec_process(cmd: list[str]) -> NoReturn:
+    """Become cmd (os.execv): what `charlm train --nproc N` does with the torchrun command line."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
