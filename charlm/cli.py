@@ -18,10 +18,9 @@ import click
 from click import _textwrap as click_textwrap
 from click.core import ParameterSource
 from rich.console import Console
-from rich.text import Text
 
-from charlm import config, files, runs
-from charlm.checkpoint import CheckpointError
+from charlm import config, runs
+from charlm.commands import failure, user_errors
 from charlm.config import (
     DEVICES,
     PRESETS,
@@ -34,33 +33,26 @@ from charlm.config import (
     flag_fields,
     flag_name,
 )
-from charlm.data import CorpusError
-from charlm.tokenizer import UnknownCharactersError
-from charlm.views.text import safe
+from charlm.views.text import print_error, safe
 
 RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
 _AS_PROGRAM = False  # main() runs as the charlm process itself (not called in-process, as tests do)
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """What the user can fix (one line, exit 1): bad settings, files and checkpoints; a run that diverged."""
-    errors = [ConfigError, CorpusError, CheckpointError, UnknownCharactersError, files.WriteError]
-    if "charlm.train" in sys.modules:  # (imported by the commands that train: never loaded just for this)
-        errors.append(sys.modules["charlm.train"].TrainingDiverged)
-    return tuple(errors)
 
 
 def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def print_error(message: str) -> None:
-    """One line on stderr, printed literally: a path such as 'notes[1].txt' is not Rich markup, and a
-    multi-line message from a library is folded onto one line."""
-    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
-        line = f"rank {os.environ.get('RANK', '?')}: {line}"
-    err_console().print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
+def out_console(**kw) -> Console:
+    """Where a command's results go. A reader that goes away (`| head`) ends the command quietly, as
+    SIGPIPE would (Rich's own answer is exit 1, which reads as a failure)."""
+    console = Console(highlight=False, **kw)
+    console.on_broken_pipe = _pipe_closed
+    return console
+
+
+def _pipe_closed() -> NoReturn:
+    raise PipeClosed
 
 
 def _ignore_signals() -> None:
@@ -69,6 +61,10 @@ def _ignore_signals() -> None:
     if _AS_PROGRAM:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_IGN)
+
+
+class PipeClosed(Exception):
+    """stdout's reader went away."""
 
 
 class CharlmGroup(click.Group):
@@ -85,9 +81,8 @@ class CharlmGroup(click.Group):
             _ignore_signals()
             err_console().print("interrupted")
             sys.exit(130)
-        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as coreutils do
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # nothing more to flush at exit
+        except PipeClosed:  # the reader went away (`| head`): stop quietly, as coreutils do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
             sys.exit(128 + signal.SIGPIPE)
         except click.MissingParameter as e:
             if e.param is not None and e.param.name in ("ckpt", "ckpts", "run_dirs"):
@@ -98,36 +93,29 @@ class CharlmGroup(click.Group):
             print_error(e.format_message())
             sys.exit(e.exit_code)
         except Exception as e:
-            sys.exit(_failed(e))
+            if os.environ.get("CHARLM_DEBUG") and not isinstance(e, user_errors()):
+                raise
+            print_error(failure(e))
+            sys.exit(1)
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) and standalone_mode else 0)
+
+    def make_context(self, *args, **kw):
+        try:  # (--help prints here)
+            return super().make_context(*args, **kw)
+        except BrokenPipeError:  # Click's own handling would exit 1, an error, where the shell expects 141
+            raise PipeClosed from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise PipeClosed from None
 
     def format_commands(self, ctx, formatter) -> None:
         """Each command with its whole first sentence, wrapped: Click's own list cuts it at ~45 characters."""
         rows = [(name, _summary(self.get_command(ctx, name))) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _failed(e: Exception) -> int:
-    """The one line an exception gets, and the exit code."""
-    if isinstance(e, user_errors()):
-        print_error(str(e))
-    elif os.environ.get("CHARLM_DEBUG"):
-        raise e
-    elif isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "OutOfMemoryError" in type(e).__name__:
-        print_error(  # the machine's limit, not a bug: say what to change
-            "out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
-            "--d-model or --layers, or close what else uses the memory"
-        )
-    elif int(os.environ.get("WORLD_SIZE", 1)) > 1 and any(  # under torchrun, another rank failed first and said why
-        words in str(e) for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-    ):
-        print_error("another process of this run stopped (its error is above); this one stops too")
-    else:  # a bug: still one line, with a way to see the traceback
-        print_error(
-            f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)"
-        )
-    return 1
 
 
 def _missing_run(e: click.MissingParameter) -> NoReturn:
@@ -393,20 +381,13 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
         exec_process(cmd)
 
     # every rank trains; only rank 0 shows it. soft_wrap: no cuts at 80 columns in a pipe
-    console = Console(highlight=False, soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0)
+    console = out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0)
     view = TrainView(console, corpus=corpus)
     try:
         result = run(corpus, model_cfg, train_cfg, out, resume=resume, nproc=nproc, given=_given(ctx, preset_name),
                      on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
-        view.close()
-        name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
-        saved = e.result.out_dir
-        console.print(
-            Text.assemble("\n", (name, "yellow"), f" at step {e.result.step}; saved ", safe(f"{saved}/last.pt"))
-        )
-        # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
-        console.print(f"resume with: {resume_command(corpus, saved)}", markup=False, highlight=False)
+        view.interrupted(e.result, e.signum, resume_command(corpus, e.result.out_dir))
         sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     finally:
         view.close()
@@ -425,25 +406,6 @@ def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
 
 
 # ---- generation: sample, chat -------------------------------------------------------------------
-
-
-def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    if prompt is not None and prompt_file is not None:
-        raise ConfigError("give --prompt or --prompt-file, not both")
-    if prompt is not None:
-        return prompt
-    if prompt_file == "-" or (prompt_file is None and not sys.stdin.isatty()):
-        return sys.stdin.read()
-    if prompt_file is None:
-        return ""
-    try:
-        return Path(prompt_file).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--prompt-file: no such file {prompt_file}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--prompt-file: {prompt_file} is not UTF-8 text") from None
-    except OSError as e:
-        raise ConfigError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None
 
 
 prompt_options = [
@@ -472,42 +434,14 @@ def with_options(*decorators):
 @device_option
 def sample(ckpt, prompt, prompt_file, num_samples, echo, stats, no_cache, device, **flags):
     """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
+    from charlm.commands.generate import read_prompt
     from charlm.commands.generate import sample as generate
     from charlm.generate import Stats
-    from charlm.views.chat import StreamPrinter
+    from charlm.views.chat import print_samples
 
-    settings, text = from_flags(SampleConfig, flags), _read_prompt(prompt, prompt_file)
-    console = Console(highlight=False)
-    printer = StreamPrinter(console, "")
-
-    def write(piece: str, style: str = "") -> None:
-        if not console.is_terminal:  # a pipe or a file gets the exact text; a terminal safe, styled text
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        elif style:
-            printer.flush()
-            console.print(safe(piece, style), end="", soft_wrap=True)
-        else:
-            printer.write(piece)
-
-    done = []
-    for i, c in enumerate(
-        generate(ckpt, text, settings, num_samples=num_samples, device=device, use_cache=not no_cache)
-    ):
-        if i:
-            write("---\n", "dim")
-        if echo and c.prompt:
-            write(c.prompt, "bold")
-        last = c.prompt if echo else ""
-        try:
-            for last in c.pieces:
-                write(last)
-        finally:  # Ctrl-C included: what was generated is shown
-            printer.flush()
-        if last and not last.endswith("\n"):
-            write("\n")
-        done.append(c.stats)
-    printer.flush()  # the text's last newline reaches the terminal before the stats line on stderr
+    settings, text = from_flags(SampleConfig, flags), read_prompt(prompt, prompt_file)
+    samples = generate(ckpt, text, settings, num_samples=num_samples, device=device, use_cache=not no_cache)
+    done = print_samples(out_console(), samples, echo)
     if stats:
         click.echo(json.dumps({**Stats.total(done).to_dict(), "samples": num_samples, "cache": not no_cache}), err=True)
 
@@ -529,7 +463,7 @@ def chat(ckpt, mode, no_cache, device, **flags):
         mode=mode,
         device=device,
         use_cache=not no_cache,
-        console=Console(highlight=False),
+        console=out_console(),
     )
 
 
@@ -537,21 +471,16 @@ def chat(ckpt, mode, no_cache, device, **flags):
 
 
 def _look(cls, ckpt, prompt, prompt_file, width, unknown, flags):
-    """(checkpoint, its tokens of the text, view options, screen) for attn and gates."""
-    from charlm import checkpoint
+    """(checkpoint, its tokens of the text, view options, console, screen) for attn and gates."""
+    from charlm.commands.generate import read_prompt
+    from charlm.commands.look import load_text
     from charlm.views.heatmap import Screen
 
     opts = from_flags(cls, flags)
     if width is not None and width < 20:
         raise ConfigError(f"--width must be at least 20, got {width}")
-    if prompt == "":
-        raise ConfigError("--prompt is empty: give the text to look at")
-    if not (text := _read_prompt(prompt, prompt_file)):
-        raise ConfigError("no text to look at: give --prompt TEXT or --prompt-file FILE, or pipe the text in")
-    ck = checkpoint.load(ckpt)
-    if not (ids := ck.tokenizer.encode(text, unknown=unknown)):
-        raise ConfigError("--prompt has no characters the model knows")
-    console = Console(highlight=False, width=width)
+    ck, ids = load_text(ckpt, read_prompt(prompt, prompt_file), unknown, empty=prompt == "")
+    console = out_console(width=width)
     return ck, ids, opts, console, Screen.of(console, opts.ascii, flags=True)
 
 
@@ -609,7 +538,7 @@ def eval_(ckpt, file, stride, unknown, device, as_json):
     if as_json:
         click.echo(json.dumps(done.summary()))
     else:
-        render_eval(Console(highlight=False), done.ckpt, done.file, done.result)
+        render_eval(out_console(), done.ckpt, done.file, done.result)
 
 
 @command()
@@ -630,7 +559,7 @@ def compare(ckpts, prompt, eval_file, interactive, as_json, device, **flags):
     if as_json and interactive:
         raise ConfigError("--json prints one run: drop --interactive or --json")
     comparison = load(list(ckpts), from_flags(SampleConfig, flags), device=device)
-    view = CompareView(comparison, Console(highlight=False))
+    view = CompareView(comparison, out_console())
     if eval_file:
         comparison.evaluate(eval_file, lambda name: EvalProgress(err_console(), f"eval {name}"))
         view.notes()  # e.g. a char model that cannot read the file: said once, up front
@@ -658,7 +587,7 @@ def info(ckpt, as_json):
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        render_info(Console(highlight=False), summary, curves([str(Path(summary["path"]).parent)], missing_ok=True))
+        render_info(out_console(), summary, curves([str(Path(summary["path"]).parent)], missing_ok=True))
 
 
 @command("runs")
@@ -675,7 +604,7 @@ def runs_(directory, as_json):
     elif not rows:
         err_console().print(safe(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"))
     else:
-        render_runs(Console(highlight=False), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
+        render_runs(out_console(), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
 
 
 @command()
@@ -700,7 +629,7 @@ def plot(run_dirs, y, x, width, height, as_json):
     if as_json:
         click.echo(json.dumps([{"run": name, "evaluations": points} for name, points in found.items()]))
     else:
-        console = Console(highlight=False)
+        console = out_console()
         print_chart(console, found, y=y, x=x, width=width or min(console.width, 120), height=height)
 
 
@@ -740,7 +669,7 @@ def lab(name, ckpt, quick, seed, out, text_file, plain, device, as_json):
     from charlm.lab import EXPERIMENTS, LAB_DIR, run_experiment
     from charlm.views.lab import render_lab, render_list
 
-    console = Console(highlight=False)
+    console = out_console()
     if name is None:
         render_list(console, EXPERIMENTS)
         return

@@ -10,3 +10,38 @@ and draws what they return with charlm.views.
   look.py      attention() and gates(): the numbers the viewers draw
   runs.py      info(), runs() and curves(): what run directories hold, read without torch
 """
+
+from __future__ import annotations
+
+import os
+import sys
+
+from charlm import files
+from charlm.checkpoint import CheckpointError
+from charlm.config import ConfigError
+from charlm.data import CorpusError
+from charlm.tokenizer import UnknownCharactersError
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """What the user can fix: bad settings, files and checkpoints; a run that diverged."""
+    errors = [ConfigError, CorpusError, CheckpointError, UnknownCharactersError, files.WriteError]
+    if "charlm.train" in sys.modules:  # (imported by the commands that train: never loaded just for this)
+        errors.append(sys.modules["charlm.train"].TrainingDiverged)
+    return tuple(errors)
+
+
+def failure(e: Exception) -> str:
+    """The one line that says what went wrong: the user's error as it is; the machine's memory, or another
+    process of a torchrun run, with what to do; anything else as a bug, with how to see its traceback."""
+    if isinstance(e, user_errors()):
+        return str(e)
+    if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "OutOfMemoryError" in type(e).__name__:
+        return (
+            "out of memory: lower --batch-size (--grad-accum keeps the effective batch), --context, "
+            "--d-model or --layers, or close what else uses the memory"
+        )
+    peer_gone = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and any(words in str(e) for words in peer_gone):
+        return "another process of this run stopped (its error is above); this one stops too"
+    return f"unexpected {type(e).__name__}: {e} (run with CHARLM_DEBUG=1 for the traceback, and please report it)"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from charlm import checkpoint
-from charlm.config import SampleConfig
+from charlm.config import ConfigError, SampleConfig
 from charlm.generate import Stats, Streamer
 from charlm.runtime import pick_device
 
@@ -37,8 +39,6 @@ def sample(
 ) -> Iterator[Continuation]:
     """num_samples continuations of prompt by the checkpoint (a file or a run directory). With a seed,
     sample i uses seed + i: the same seed gives the same samples."""
-    from charlm.config import ConfigError
-
     settings.validate()
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be at least 1, got {num_samples}")
@@ -50,3 +50,24 @@ def sample(
         run = replace(settings, seed=None if settings.seed is None else settings.seed + i)
         streamer.reset()
         yield Continuation(shown, len(ids), streamer.stream(ids, run), streamer)
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """The text a command reads: --prompt, else the file --prompt-file names ('-': stdin), else stdin when
+    it is piped, else none."""
+    if prompt is not None and prompt_file is not None:
+        raise ConfigError("give --prompt or --prompt-file, not both")
+    if prompt is not None:
+        return prompt
+    if prompt_file == "-" or (prompt_file is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    if prompt_file is None:
+        return ""
+    try:
+        return Path(prompt_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--prompt-file: no such file {prompt_file}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--prompt-file: {prompt_file} is not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None

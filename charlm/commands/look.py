@@ -5,15 +5,12 @@ pass (models/probes.py), for a text and the view options (config.AttnConfig / Ga
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-
-import numpy as np
 
 from charlm.config import AttnConfig, ConfigError, GatesConfig
 from charlm.models.probes import (
     DEFAULT_UNITS,
-    HeadStats,
-    LayerTrace,
+    Attention,
+    Gates,
     capture_attention,
     choose_units,
     head_stats,
@@ -22,23 +19,18 @@ from charlm.models.probes import (
 from charlm.views.heatmap import token_label
 
 
-@dataclass
-class Attention:
-    """A transformer's attention on a text, and what the options chose of it."""
+def load_text(ckpt: str, text: str, unknown: str = "error", empty: bool = False):
+    """(the checkpoint, its tokens of text) for a viewer. empty: the text was given, as nothing."""
+    from charlm import checkpoint
 
-    ids: list[int]  # the text's tokens
-    offset: int  # the model sees ids[offset:] (its last `context` tokens)
-    weights: np.ndarray  # (layers, heads, T, T): weights[l, h, i, j] is how much token offset+i attended to offset+j
-    stats: list[HeadStats]  # every head's entropy and distance
-    layer: int  # the layer chosen (the last by default)
-    head: int | None  # the head chosen (None: the mean over the layer's heads)
-    focus: int | None  # the position the focus view is about (None: no focus view)
-
-    @property
-    def chosen(self) -> np.ndarray:
-        """The (T, T) weights of the chosen head, or the mean over the chosen layer's heads."""
-        w = self.weights[self.layer]
-        return w[self.head] if self.head is not None else w.mean(axis=0)
+    if empty:
+        raise ConfigError("--prompt is empty: give the text to look at")
+    if not text:
+        raise ConfigError("no text to look at: give --prompt TEXT or --prompt-file FILE, or pipe the text in")
+    ck = checkpoint.load(ckpt)
+    if not (ids := ck.tokenizer.encode(text, unknown=unknown)):
+        raise ConfigError("--prompt has no characters the model knows")
+    return ck, ids
 
 
 def attention(model, tokenizer, ids: list[int], opts: AttnConfig) -> Attention:
@@ -57,19 +49,6 @@ def attention(model, tokenizer, ids: list[int], opts: AttnConfig) -> Attention:
     offset, weights = capture_attention(model, ids)  # (a bad choice fails above, before the forward pass)
     focus = None if opts.focus is None else focus_position(tokenizer, ids, offset, opts.focus)
     return Attention(ids, offset, weights, head_stats(weights), layer, opts.head, focus)
-
-
-@dataclass
-class Gates:
-    """One layer of an LSTM/GRU over a text: its gates and states, and the units chosen to show."""
-
-    ids: list[int]
-    offset: int  # the trace starts at token offset (a fresh state there)
-    kind: str  # "lstm" or "gru"
-    layer: int
-    trace: LayerTrace
-    units: list[int]
-    chosen: bool  # the units were given, not picked by how much their gates change
 
 
 def gates(model, ids: list[int], opts: GatesConfig, fits=None) -> Gates:

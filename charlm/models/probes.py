@@ -204,3 +204,35 @@ def choose_units(trace: LayerTrace, units: int | list[int] | None) -> list[int]:
         raise ConfigError(f"units must be between 1 and {hidden} (this layer's size), got {units}")
     change = sum(v[0].float().std(dim=0) for name, v in trace.gates.items() if name not in CANDIDATES)  # (H,)
     return [int(u) for u in np.argsort(-change.cpu().numpy(), kind="stable")[:units]]
+
+
+@dataclass
+class Attention:
+    """A transformer's attention on a text, and what the options chose of it."""
+
+    ids: list[int]  # the text's tokens
+    offset: int  # the model sees ids[offset:] (its last `context` tokens)
+    weights: np.ndarray  # (layers, heads, T, T): weights[l, h, i, j] is how much token offset+i attended to offset+j
+    stats: list[HeadStats]  # every head's entropy and distance
+    layer: int  # the layer chosen (the last by default)
+    head: int | None  # the head chosen (None: the mean over the layer's heads)
+    focus: int | None  # the position the focus view is about (None: no focus view)
+
+    @property
+    def chosen(self) -> np.ndarray:
+        """The (T, T) weights of the chosen head, or the mean over the chosen layer's heads."""
+        w = self.weights[self.layer]
+        return w[self.head] if self.head is not None else w.mean(axis=0)
+
+
+@dataclass
+class Gates:
+    """One layer of an LSTM/GRU over a text: its gates and states, and the units chosen to show."""
+
+    ids: list[int]
+    offset: int  # the trace starts at token offset (a fresh state there)
+    kind: str  # "lstm" or "gru"
+    layer: int
+    trace: LayerTrace
+    units: list[int]
+    chosen: bool  # the units were given, not picked by how much their gates change

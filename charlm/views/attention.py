@@ -22,9 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.commands.look import Attention
 from charlm.config import AttnConfig, ConfigError
-from charlm.models.probes import HeadStats
+from charlm.models.probes import Attention, HeadStats
 from charlm.views.heatmap import (
     ASCII_PROSE,
     MAX_HEADER,

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.views.text import safe_text
+from charlm.views.text import safe, safe_text
 
 
 class StreamPrinter:
@@ -71,3 +71,37 @@ def status_line(stats, window: int | None, seen: int, stopped: bool) -> Text:
     else:
         parts.append(f"state after {seen} tokens (no context limit)")
     return Text(("stopped · " if stopped else "") + " · ".join(parts), style="dim")
+
+
+def print_samples(console: Console, samples, echo: bool = True) -> list:
+    """`charlm sample`'s output: each continuation as it streams (after its prompt, with echo), '---' between
+    them. A terminal gets safe, styled text; a pipe or a file the exact text. Returns each sample's Stats."""
+    printer = StreamPrinter(console, "")
+
+    def write(piece: str, style: str = "") -> None:
+        if not console.is_terminal:
+            console.file.write(piece)
+            console.file.flush()
+        elif style:
+            printer.flush()
+            console.print(safe(piece, style), end="", soft_wrap=True)
+        else:
+            printer.write(piece)
+
+    done = []
+    for i, c in enumerate(samples):
+        if i:
+            write("---\n", "dim")
+        if echo and c.prompt:
+            write(c.prompt, "bold")
+        last = c.prompt if echo else ""
+        try:
+            for last in c.pieces:
+                write(last)
+        finally:  # Ctrl-C included: what was generated is shown
+            printer.flush()
+        if last and not last.endswith("\n"):
+            write("\n")
+        done.append(c.stats)
+    printer.flush()  # the text's last newline reaches the terminal before a stats line on stderr
+    return done

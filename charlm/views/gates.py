@@ -13,7 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from charlm.commands.look import Gates
+from charlm.models.probes import Gates
 from charlm.views.heatmap import (
     MAX_HEADER,
     Screen,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import time
 
 from rich.console import Console
@@ -128,6 +129,15 @@ class TrainView:
         )
         if e.sample is not None:
             self.console.print(Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic"))
+
+    def interrupted(self, result: Result, signum: int, resume: str) -> None:
+        """Ctrl-C or SIGTERM stopped the run, saved: where, and the command that continues it."""
+        self.close()
+        name = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        saved = safe(f"{result.out_dir}/last.pt")
+        self.console.print(Text.assemble("\n", (name, "yellow"), f" at step {result.step}; saved ", saved))
+        # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
+        self.console.print(f"resume with: {resume}", markup=False, highlight=False)
 
     def finish(self, result: Result) -> None:
         self.close()

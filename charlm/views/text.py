@@ -4,9 +4,11 @@ characters made visible, so text full of ANSI/OSC escapes or BEL cannot drive th
 
 from __future__ import annotations
 
+import os
 import shlex
 import unicodedata
 
+from rich.console import Console
 from rich.text import Text
 
 # bidirectional overrides and isolates can reorder what the terminal shows ("Trojan Source")
@@ -46,3 +48,12 @@ def shell_quote(text: object) -> str:
         _visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch] for ch in text
     )
     return "$'" + "".join(escaped) + "'"
+
+
+def print_error(message: str) -> None:
+    """One line on stderr, printed literally: a path such as 'notes[1].txt' is not Rich markup, and a
+    multi-line message from a library is folded onto one line."""
+    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
+        line = f"rank {os.environ.get('RANK', '?')}: {line}"
+    Console(stderr=True, highlight=False).print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
