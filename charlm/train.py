@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -73,6 +74,7 @@ class Stepped:
     lr: float
     tokens_per_s: float
     elapsed: float  # seconds of training so far, earlier sessions included
+    load: float | None = None  # the machine's 1-minute load average (None where the system has none)
 
 
 @dataclass(kw_only=True)
@@ -355,6 +357,7 @@ class Trainer:
                         lr=lr,
                         tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
                         elapsed=self.train_seconds,
+                        load=_load(),
                     )
                 )
                 if self.eval_due():
@@ -539,6 +542,13 @@ class Trainer:
         if self.device == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
         return rng
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on every system
+        return None
 
 
 def _step_of(line: str) -> int | None:

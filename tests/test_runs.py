@@ -218,3 +218,25 @@ def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
     best = checkpoint.read(tmp_path / "run" / "best.pt").best_val_loss
     assert best < 0.6 * math.log(len(set(TEXT)))
     assert "train longer" not in r.stdout and "try next:" in r.stdout
+
+
+@pytest.mark.parametrize("load,busy", [(1.0, False), (2.9, False), (9.0, True)])
+def test_the_summary_says_when_a_busy_cpu_slowed_the_run(tmp_path, monkeypatch, load, busy):
+    """Issue 19: a first run on a busy machine gave 3.12 bits/char and left the user to wonder why. The
+    summary now says the CPU was busy (the median load over the steps, against the cores this process may
+    use), with the speed the run got."""
+    from charlm.train import Result, Started, Stepped
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    console = Console(file=io.StringIO(), width=100)
+    view = TrainView(console)
+    cfg = tiny_train(50)
+    view(Started(out_dir=tmp_path, device="cpu", params=1000, model_config=ModelConfig(vocab_size=10), train_config=cfg,
+                 start_step=0, train_tokens=1000, val_tokens=100, vocab_size=10))  # fmt: skip
+    for step in range(1, 21):
+        view(Stepped(step=step, loss=2.0, lr=1e-3, tokens_per_s=5000.0, elapsed=step / 10, load=load))
+    view.finish(Result(out_dir=tmp_path, step=20, stopped="steps", train_seconds=2.0, best_val_loss=None,
+                       best_val_bpc=None, last_val_loss=None, params=1000))  # fmt: skip
+    out = " ".join(console.file.getvalue().split())
+    assert "5,000 tokens/s" in out
+    assert ("the CPU was busy: load 9.0 on 2 cores, so this run had about 22% of it" in out) == busy, out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 
@@ -28,6 +29,7 @@ class TrainView:
         self.total = 0
         self.tps = 0.0  # smoothed tokens/s
         self.last_val = ""
+        self.loads: list[float] = []  # the machine's load average at each step: was it busy?
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
         self.t_created = time.perf_counter()
@@ -109,6 +111,8 @@ class TrainView:
 
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
+        if e.load is not None:
+            self.loads.append(e.load)
         info = f"step {e.step} · loss {e.loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
         if self.live:
             t = self.started.train_config
@@ -150,12 +154,15 @@ class TrainView:
         table.add_row("steps", f"{result.step} ({why[result.stopped]})")
         table.add_row("time", self._time(result))
         table.add_row("parameters", f"{result.params:,}")
+        table.add_row("speed", f"{self.tps:,.0f} tokens/s")
         if result.best_val_loss is not None:
             table.add_row(
                 "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
             )
         table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
         self.console.print(table)
+        if busy := self._busy():
+            self.console.print(Text(busy, style="yellow"))
         if result.sample:
             self.console.print("[bold]sample:[/]")
             self.console.print(Text(safe_text(result.sample), style="italic"))
@@ -176,6 +183,21 @@ class TrainView:
         self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
         self.console.print(f'  charlm sample {run} --prompt "..."', markup=False, highlight=False)
         self.console.print(f"  charlm info {run}", markup=False, highlight=False)
+
+    def _busy(self) -> str:
+        """A word on a CPU that other programs kept busy: training then does fewer steps than the machine
+        can, and the result reads worse than it is."""
+        if self.started is None or self.started.device != "cpu" or len(self.loads) < 10:
+            return ""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        load = sorted(self.loads)[len(self.loads) // 2]  # the median: one spike is no busy machine
+        if load <= 1.5 * cores:
+            return ""
+        return (
+            f"the CPU was busy: load {load:.1f} on {cores} cores, so this run had about {cores / load:.0%} of it "
+            f"({self.tps:,.0f} tokens/s) and did fewer steps than this machine can alone. Train again when it is "
+            "quieter, or for longer."
+        )
 
     def _time(self, result: Result) -> str:
         """Training time (evaluations included), and what else the wait held, so the numbers add up."""
