@@ -42,22 +42,7 @@ def train(
     does not return. settle_signals: once training ends, ignore Ctrl-C and SIGTERM (a process that only
     has to exit; a Python caller keeps its handlers)."""
     me = distributed.env()
-    if resume:
-        out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
-        if me.is_main:  # in use: say so first (what follows reads a run that is being written)
-            runs.check_free(out)
-        if not (out / "last.pt").exists():
-            raise ConfigError(
-                f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
-            )
-        model_cfg, train_cfg = runs.resume_configs(
-            out, checkpoint.read(out / "last.pt"), model_cfg, train_cfg, nproc or me.world_size, given
-        )
-    else:
-        out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
-        if me.is_main:
-            runs.check_free(out)
-        check_unused(out)
+    out, model_cfg, train_cfg = _run_dir(corpus, model_cfg, train_cfg, out, resume, nproc or me.world_size, given)
     check_writable(out)
     device = pick_device(train_cfg.device)
     memory.check_fits(model_cfg, train_cfg, device, nproc or me.world_size)  # before any work
@@ -90,6 +75,27 @@ def train(
         distributed.close()
         if lock:
             lock.release()
+
+
+def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given):
+    """(the run directory, the configs the run goes on with): a new one, free and unused, or the run to
+    resume with the settings the resume rule lets change."""
+    main = distributed.env().is_main
+    if not resume:
+        out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
+        if main:
+            runs.check_free(out)
+        check_unused(out)
+        return out, model_cfg, train_cfg
+    out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
+    if main:  # in use: say so first (what follows reads a run that is being written)
+        runs.check_free(out)
+    if not (out / "last.pt").exists():
+        raise ConfigError(
+            f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
+        )
+    saved = checkpoint.read(out / "last.pt")
+    return out, *runs.resume_configs(out, saved, model_cfg, train_cfg, world_size, given)
 
 
 def resume_command(corpus: str, out: Path) -> str:
