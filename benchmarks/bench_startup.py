@@ -41,12 +41,12 @@ def commands(run: Path) -> dict[str, list[str]]:
     }
 
 
-def seconds(cmd: list[str], pythonpath: str | None) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+def seconds(cmd: list[str], pythonpath: str, cwd: Path) -> float:
+    """One run of cmd with PYTHONPATH's charlm, from a folder that holds none (`python -m` looks in its
+    current folder first)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return time.perf_counter() - t0
 
 
@@ -76,7 +76,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, cmd in commands(run).items():
                 for side, path in sides.items():
-                    times.setdefault((name, side), []).append(seconds(cmd, path))
+                    times.setdefault((name, side), []).append(seconds(cmd, path, Path(tmp)))
         print(f"# {platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}, {args.rounds} rounds")
         head = "| command | " + " | ".join(f"{s} (median s)" for s in sides) + (" | ratio |" if args.compare else "")
         print(head + "\n|---|" + "---:|" * (len(sides) + bool(args.compare)))
@@ -86,7 +86,8 @@ def main() -> None:
             print(f"| `{name}` | " + " | ".join(f"{m:.2f}" for m in medians) + f" |{ratio}")
         if args.importtime:
             cmd = [sys.executable, "-X", "importtime", *commands(run)["charlm sample RUN -p The -n 20"][1:]]
-            err = subprocess.run(cmd, capture_output=True, text=True).stderr.splitlines()
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            err = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env).stderr.splitlines()
             rows = [line.split("|") for line in err if line.startswith("import time:") and "|" in line]
             top = sorted(rows, key=lambda r: -int(r[1]))[:10]
             print("\n| cumulative µs | module |\n|---:|---|")
