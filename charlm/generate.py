@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,25 +58,46 @@ def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor 
 
 
 def sample_next_token(
-    logits: torch.Tensor, s: SampleConfig, generator: torch.Generator | None = None, history: torch.Tensor | None = None
+    logits: torch.Tensor | np.ndarray,
+    s: SampleConfig,
+    generator: torch.Generator | None = None,
+    history: torch.Tensor | None = None,
 ) -> int:
     """logits (vocab,) -> the next token id, drawn from sampling_probs with one uniform number from
-    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call)."""
+    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call). The logits
+    may be a numpy array (the numpy decode step's): the common case then never touches torch."""
     if s.temperature < GREEDY_BELOW and (s.repetition_penalty == 1.0 or history is None):
         return int(logits.argmax())
-    all_k = s.top_k == 0 or s.top_k >= logits.numel()  # top_k >= vocab keeps every token: it disables nothing
-    if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":
+    all_k = s.top_k == 0 or s.top_k >= len(logits)  # top_k >= vocab keeps every token: it disables nothing
+    on_cpu = isinstance(logits, np.ndarray) or logits.device.type == "cpu"
+    if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and on_cpu:
         # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
-        z = logits.float().numpy().astype(np.float64) / s.temperature
-        probs = np.exp(z - z.max())
+        probs = (logits if isinstance(logits, np.ndarray) else logits.float().numpy()).astype(np.float64)
+        probs /= s.temperature
+        probs -= probs.max()
+        np.exp(probs, out=probs)
     else:
-        probs = sampling_probs(logits, s, history).cpu().numpy()
-    cdf = np.cumsum(probs, dtype=np.float64)
-    u = torch.rand((), generator=generator, dtype=torch.float64).item()
-    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))  # a zero-probability token is never chosen
+        probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
+    cdf = probs.cumsum(dtype=np.float64)
+    i = int(cdf.searchsorted(_uniform(generator) * cdf[-1], "right"))  # a zero-probability token is never chosen
     if i >= len(cdf):  # u * total rounded up to the total: take the last token that has any mass
         i = int(np.flatnonzero(probs)[-1])
     return i
+
+
+_scratch = threading.local()
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    """torch.rand((), generator=generator, dtype=torch.float64).item(): the same number, drawn into a
+    tensor kept for the purpose (one per thread). Allocating a tensor and reading it back costs more
+    than the rest of a draw (~15 µs a token mid-stream)."""
+    if not hasattr(_scratch, "u"):
+        with torch.inference_mode(False):  # an inference tensor could not be drawn into outside inference mode
+            _scratch.u = torch.empty((), dtype=torch.float64)
+        _scratch.u_np = _scratch.u.numpy()
+    _scratch.u.uniform_(generator=generator)
+    return float(_scratch.u_np)
 
 
 class Utf8Stream:
@@ -153,16 +175,23 @@ class Streamer:
         self._fed = 0
         self._last = None
 
-    @torch.inference_mode()
     def next_logits(self) -> torch.Tensor:
         """Logits (vocab,) for the token after the running text, feeding the model only what it has
         not seen."""
+        logits = self._next_logits()
+        return torch.from_numpy(logits) if isinstance(logits, np.ndarray) else logits
+
+    def _next_logits(self) -> torch.Tensor | np.ndarray:
+        # next_logits as the step leaves them: a numpy array from the numpy step, which stream() samples
+        # from without a round trip through torch (torch's part runs in inference mode, numpy's needs none)
         if not self.use_cache:
             if self.sliding:
                 self.ids = self.ids[-self.context :]
-            return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
+            with torch.inference_mode():
+                return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
         if self.cache is None:
-            self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
+            with torch.inference_mode():
+                self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
         new = self.ids[self._fed :]
         if not new and self._last is not None:  # asked twice: nothing new to feed
             return self._last
@@ -179,16 +208,17 @@ class Streamer:
         self._fed, self._last = len(self.ids), logits
         return logits
 
-    def _feed(self, tokens: list[int]) -> torch.Tensor:
+    def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
         if len(tokens) == 1 and self.fast_decode and FastDecoder.supports(self.model):
             if self.fast is None:
                 self.fast = FastDecoder(self.model, self.cache)
-            return self.fast.step(tokens[0])
-        idx = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        if len(tokens) == 1 and not self.model.has_attention:
-            with native_rnn_kernels():
-                return self.model(idx, cache=self.cache)[0][0, -1]
-        return self.model(idx, cache=self.cache)[0][0, -1]
+            return self.fast.step_np(tokens[0])
+        with torch.inference_mode():
+            idx = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            if len(tokens) == 1 and not self.model.has_attention:
+                with native_rnn_kernels():
+                    return self.model(idx, cache=self.cache)[0][0, -1]
+            return self.model(idx, cache=self.cache)[0][0, -1]
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None
@@ -214,10 +244,10 @@ class Streamer:
         with one_thread():
             for n in range(settings.max_tokens):
                 try:
-                    logits = self.next_logits()
+                    logits = self._next_logits()
                     history = None
                     if settings.repetition_penalty != 1.0:
-                        history = torch.tensor(self.ids[-self.context :], device=logits.device).unique()
+                        history = torch.tensor(self.ids[-self.context :], device=self.device).unique()
                     token = sample_next_token(logits, settings, generator, history)
                 except BaseException:  # e.g. Ctrl-C inside the model: the cache may be half-written
                     self._drop_cache()

@@ -6,9 +6,10 @@ dispatching each one against ~1 µs for numpy, so this step is ~3x faster (bench
 The arithmetic is Transformer.forward's (rope as one matrix, RMSNorm's scalar in Python floats);
 tests compare the two block by block at every position.
 
-FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token:
-it reads the weights through zero-copy views (never stale copies), writes its keys and values into
-the same KVCache a torch prefill fills, and advances cache.pos. A rolling cache wraps around.
+FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token
+(step_np: the same as a numpy array, for a caller that stays in numpy): it reads the weights through
+zero-copy views (never stale copies), writes its keys and values into the same KVCache a torch
+prefill fills, and advances cache.pos. A rolling cache wraps around.
 
 Past the five matrix-vector products (which stream the weights about as fast as BLAS goes), a token's
 time is the number of numpy calls, ~1 µs each: so the step makes ~20 per layer, writes into scratch
@@ -78,19 +79,20 @@ class FastDecoder:
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """The conditions under which step() computes what forward() would."""
+        """The conditions under which step() computes the logits forward() would (their values: the
+        step never builds a graph, grad mode or not)."""
+        if not isinstance(model, Transformer) or model.training:
+            return False
         w = model.tok_emb.weight
-        return (
-            isinstance(model, Transformer)
-            and not model.training
-            and not torch.is_grad_enabled()
-            and w.device.type == "cpu"
-            and w.dtype == torch.float32
-        )
+        return w.dtype == torch.float32 and w.is_cpu
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
         residual stream (C,) after each block's attention and after its MLP, in order."""
+        return torch.from_numpy(self.step_np(token, trace))
+
+    def step_np(self, token: int, trace: list | None = None) -> np.ndarray:
+        """step(), its logits as a numpy array (float32)."""
         cache = self.cache
         pos, slots, nh = cache.pos, cache.slots, self.cfg.n_heads
         if pos >= slots and not cache.rolling:
@@ -130,7 +132,7 @@ class FastDecoder:
             if trace is not None:
                 trace.append(x.copy())
         cache.pos += 1
-        return torch.from_numpy(self.head.dot(self._rms_norm(x, *self.norm)))  # (vocab,)
+        return self.head.dot(self._rms_norm(x, *self.norm))  # (vocab,)
 
     def _rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         # nn.RMSNorm on one vector, into self.xn; the scalar part in Python floats, which cost far less than numpy scalars
