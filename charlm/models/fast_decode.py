@@ -73,9 +73,8 @@ class FastDecoder:
         else:
             self.rope = _rope_matrix(_np(model.rope_cos), _np(model.rope_sin))
             self.qk_rot = np.empty_like(self.qk)  # q and k rotated
-            f = rope_inv_freq(hs).numpy()
-            self.freq = np.concatenate([f, f, -f, f])  # the angles of rope_values' four parts, per position
-            self.angles, self.values = np.empty_like(self.freq), np.empty(len(self.freq), f32)
+            self.inv_freq = rope_inv_freq(hs).numpy()
+            self.past_table, self.past_start = self.rope[2][:0], 0  # rope values past the table, made as needed
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -107,7 +106,7 @@ class FastDecoder:
         qk = self.qk
         if self.rope is not None:  # apply_rope at this position as one matrix (hs, hs): x @ rope
             rope, rope_at, rope_values = self.rope
-            rope.reshape(-1)[rope_at] = rope_values[pos] if pos < len(rope_values) else self._rope_values_at(pos)
+            rope.reshape(-1)[rope_at] = rope_values[pos] if pos < len(rope_values) else self._rope_values_past(pos)
             qk = self.qk_rot
         for (n1, qkv, proj, n2, fc, fc_proj), (keys, values, k_at, v_at) in zip(self.layers, self.kv):
             qkv.dot(self._rms_norm(x, *n1), out=self.qkv)  # q, k, v: each (nh, hs)
@@ -139,14 +138,13 @@ class FastDecoder:
         np.multiply(weight, 1.0 / math.sqrt(float(x.dot(x)) / x.shape[0] + eps), out=self.w)
         return np.multiply(x, self.w, out=self.xn)
 
-    def _rope_values_at(self, pos: int) -> np.ndarray:
-        # past the table (a rolling cache): rope_at's angles, in float64 as rope_at computes them (a few µs
-        # where torch takes ~50); -sin(a) = sin(-a)
-        np.multiply(self.freq, pos, out=self.angles)
-        half = len(self.angles) // 2
-        np.cos(self.angles[:half], out=self.values[:half])
-        np.sin(self.angles[half:], out=self.values[half:])
-        return self.values
+    def _rope_values_past(self, pos: int) -> np.ndarray:
+        # past the table (a rolling cache): rope_at's angles, in float64 as rope_at computes them, for the
+        # next `context` positions at once (per position, the trigonometry cost ~10 µs a token)
+        if not self.past_start <= pos < self.past_start + len(self.past_table):
+            angles = np.outer(np.arange(pos, pos + self.cfg.context, dtype=np.float64), self.inv_freq)
+            self.past_table, self.past_start = _rope_values(np.cos(angles), np.sin(angles)), pos
+        return self.past_table[pos - self.past_start]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
