@@ -72,9 +72,9 @@ def sample_next_token(
     on_cpu = isinstance(logits, np.ndarray) or logits.device.type == "cpu"
     if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and on_cpu:
         # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
-        probs = (logits if isinstance(logits, np.ndarray) else logits.float().numpy()).astype(np.float64)
-        probs /= s.temperature
-        probs -= probs.max()
+        z = logits if isinstance(logits, np.ndarray) else logits.float().numpy()
+        probs = np.subtract(z, z.max(), dtype=np.float64)
+        probs *= 1.0 / s.temperature
         np.exp(probs, out=probs)
     else:
         probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
@@ -209,10 +209,11 @@ class Streamer:
         return logits
 
     def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
-        if len(tokens) == 1 and self.fast_decode and FastDecoder.supports(self.model):
-            if self.fast is None:
-                self.fast = FastDecoder(self.model, self.cache)
-            return self.fast.step_np(tokens[0])
+        if len(tokens) == 1 and self.fast_decode:
+            if self.fast is None or not self.fast.current():
+                self.fast = FastDecoder(self.model, self.cache) if FastDecoder.supports(self.model) else None
+            if self.fast is not None:
+                return self.fast.step_np(tokens[0])
         with torch.inference_mode():
             idx = torch.tensor([tokens], dtype=torch.long, device=self.device)
             if len(tokens) == 1 and not self.model.has_attention:

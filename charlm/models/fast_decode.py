@@ -31,7 +31,8 @@ from charlm.models.transformer import KVCache, Transformer, rope_inv_freq
 class FastDecoder:
     def __init__(self, model: Transformer, cache: KVCache):
         cfg = self.cfg = model.cfg
-        self.cache = cache
+        self.model, self.cache = model, cache
+        self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
         nh, C, slots = cfg.n_heads, cfg.d_model, cache.slots
         hs = C // nh
         self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), _np(model.head.weight), _norm_args(model.norm)
@@ -84,6 +85,11 @@ class FastDecoder:
             return False
         w = model.tok_emb.weight
         return w.dtype == torch.float32 and w.is_cpu
+
+    def current(self) -> bool:
+        """Whether supports(model) still holds and the views still see the model's weights (a move to
+        another dtype or device and back leaves them on the old memory): the cheap check before a step."""
+        return not self.model.training and self.weight.data_ptr() == self.weight_at
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
