@@ -103,7 +103,8 @@ class FastDecoder:
         if pos >= slots and not cache.rolling:
             raise ValueError(f"{pos + 1} positions exceed the model's context of {self.cfg.context}")
         slot, n_keys = pos % slots, pos + 1  # rolling: overwrite the oldest
-        x, out, h, q, att, y = self.x, self.out, self.h, self.q, self.att, self.y
+        x, xn, w, out, h, q, att, y = self.x, self.xn, self.w, self.out, self.h, self.q, self.att, self.y
+        inv_c = 1.0 / x.shape[0]  # RMSNorm's mean, its scalars in Python floats (far cheaper than numpy's)
         a, q_rows, m = att[:, :, 0], q[:, :, 0], self.m  # (nh, slots), (nh, hs), (nh, 1)
         if self.pos_table is None:
             x[:] = self.tok_emb[token]  # (C,)
@@ -114,8 +115,9 @@ class FastDecoder:
             rope, rope_at, rope_values = self.rope
             rope.reshape(-1)[rope_at] = rope_values[pos] if pos < len(rope_values) else self._rope_values_past(pos)
             qk = self.qk_rot
-        for (n1, qkv, proj, n2, fc, fc_proj), (keys, values, k_at, v_at) in zip(self.layers, self.kv):
-            qkv.dot(self._rms_norm(x, *n1), out=self.qkv)  # q, k, v: each (nh, hs)
+        for ((w1, eps1), qkv, proj, (w2, eps2), fc, fc_proj), (keys, values, k_at, v_at) in zip(self.layers, self.kv):
+            np.multiply(w1, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps1), out=w)  # norm1: weight / rms(x)
+            qkv.dot(np.multiply(x, w, out=xn), out=self.qkv)  # q, k, v: each (nh, hs)
             if self.rope is not None:
                 self.qk.dot(rope, out=qk)
             np.multiply(qk[:nh], self.scale, out=q_rows)
@@ -130,19 +132,17 @@ class FastDecoder:
             x += proj.dot(y, out=out)
             if trace is not None:
                 trace.append(x.copy())
-            fc.dot(self._rms_norm(x, *n2), out=h)
+            np.multiply(w2, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps2), out=w)  # norm2
+            fc.dot(np.multiply(x, w, out=xn), out=h)
             np.maximum(h, 0.0, out=h)  # ReLU², as MLP.forward
             np.multiply(h, h, out=h)
             x += fc_proj.dot(h, out=out)
             if trace is not None:
                 trace.append(x.copy())
         cache.pos += 1
-        return self.head.dot(self._rms_norm(x, *self.norm))  # (vocab,)
-
-    def _rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        # nn.RMSNorm on one vector, into self.xn; the scalar part in Python floats, which cost far less than numpy scalars
-        np.multiply(weight, 1.0 / math.sqrt(float(x.dot(x)) / x.shape[0] + eps), out=self.w)
-        return np.multiply(x, self.w, out=self.xn)
+        w_f, eps = self.norm
+        np.multiply(w_f, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps), out=w)
+        return self.head.dot(np.multiply(x, w, out=xn))  # (vocab,)
 
     def _rope_values_past(self, pos: int) -> np.ndarray:
         # past the table (a rolling cache): rope_at's angles, in float64 as rope_at computes them, for the
