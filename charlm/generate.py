@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import codecs
 import os
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,10 +61,12 @@ def sample_next_token(
     s: SampleConfig,
     generator: torch.Generator | None = None,
     history: torch.Tensor | None = None,
+    uniform: Callable[[], float] | None = None,
 ) -> int:
     """logits (vocab,) -> the next token id, drawn from sampling_probs with one uniform number from
-    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call). The logits
-    may be a numpy array (the numpy decode step's): the common case then never touches torch."""
+    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call), or from
+    `uniform()` when given (Uniforms: the same numbers, drawn ahead). The logits may be a numpy array
+    (the numpy decode step's): the common case then never touches torch."""
     if s.temperature < GREEDY_BELOW and (s.repetition_penalty == 1.0 or history is None):
         return int(logits.argmax())
     all_k = s.top_k == 0 or s.top_k >= len(logits)  # top_k >= vocab keeps every token: it disables nothing
@@ -79,25 +80,33 @@ def sample_next_token(
     else:
         probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
     cdf = probs.cumsum(dtype=np.float64)
-    i = int(cdf.searchsorted(_uniform(generator) * cdf[-1], "right"))  # a zero-probability token is never chosen
+    u = uniform() if uniform is not None else torch.rand((), generator=generator, dtype=torch.float64).item()
+    i = int(cdf.searchsorted(u * cdf[-1], "right"))  # a zero-probability token is never chosen
     if i >= len(cdf):  # u * total rounded up to the total: take the last token that has any mass
         i = int(np.flatnonzero(probs)[-1])
     return i
 
 
-_scratch = threading.local()
+class Uniforms:
+    """generator's uniform numbers (float64, as torch.rand draws them one at a time), drawn `block` at a
+    time: a torch op per token costs ~10 µs mid-stream, about 4% of a token. Torch draws a block in the
+    order single draws come; close() puts back the numbers not taken, so the generator ends where one
+    draw per number taken leaves it."""
 
+    def __init__(self, generator: torch.Generator, block: int = 256):
+        self.generator, self.block, self.left = generator, block, []
 
-def _uniform(generator: torch.Generator | None) -> float:
-    """torch.rand((), generator=generator, dtype=torch.float64).item(): the same number, drawn into a
-    tensor kept for the purpose (one per thread). Allocating a tensor and reading it back costs more
-    than the rest of a draw (~15 µs a token mid-stream)."""
-    if not hasattr(_scratch, "u"):
-        with torch.inference_mode(False):  # an inference tensor could not be drawn into outside inference mode
-            _scratch.u = torch.empty((), dtype=torch.float64)
-        _scratch.u_np = _scratch.u.numpy()
-    _scratch.u.uniform_(generator=generator)
-    return float(_scratch.u_np)
+    def __call__(self) -> float:
+        if not self.left:
+            self.state = self.generator.get_state()
+            self.left = torch.rand(self.block, generator=self.generator, dtype=torch.float64).tolist()[::-1]
+        return self.left.pop()
+
+    def close(self) -> None:
+        if self.left:
+            self.generator.set_state(self.state)
+            torch.rand(self.block - len(self.left), generator=self.generator, dtype=torch.float64)  # those taken
+            self.left = []
 
 
 class Utf8Stream:
@@ -242,14 +251,14 @@ class Streamer:
         hold = max((len(s) for s in settings.stop), default=1) - 1  # chars that may begin a stop string
         pending = ""  # decoded text not yet yielded (held back while it could start a stop string)
         start = time.perf_counter()
-        with one_thread():
+        with one_thread(), closing(Uniforms(generator)) as uniform:
             for n in range(settings.max_tokens):
                 try:
                     logits = self._next_logits()
                     history = None
                     if settings.repetition_penalty != 1.0:
                         history = torch.tensor(self.ids[-self.context :], device=self.device).unique()
-                    token = sample_next_token(logits, settings, generator, history)
+                    token = sample_next_token(logits, settings, generator, history, uniform)
                 except BaseException:  # e.g. Ctrl-C inside the model: the cache may be half-written
                     self._drop_cache()
                     raise
