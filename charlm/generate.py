@@ -89,9 +89,10 @@ def sample_next_token(
 
 class Uniforms:
     """generator's uniform numbers (float64, as torch.rand draws them one at a time), drawn `block` at a
-    time: a torch op per token costs ~10 µs mid-stream, about 4% of a token. Torch draws a block in the
-    order single draws come; close() puts back the numbers not taken, so the generator ends where one
-    draw per number taken leaves it."""
+    time: mid-stream, with the caches cold from the model's weights, one torch.rand per token costs
+    ~25 µs, a tenth of a token at nanoGPT size. Torch draws a block in the order single draws come;
+    close() puts back the numbers not taken, so the generator ends where one draw per number taken
+    leaves it (tests/test_generate.py checks both)."""
 
     def __init__(self, generator: torch.Generator, block: int = 256):
         self.generator, self.block, self.left = generator, block, []
