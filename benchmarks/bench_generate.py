@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,6 +101,24 @@ def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
     }
 
 
+def machine() -> str:
+    """The CPU as /proc/cpuinfo names it (family and model tell Zen 1, 3 and 4 apart), and whether it has
+    AVX-512: a figure must say which machine it came from."""
+    try:
+        info = dict(
+            line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line
+        )
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        avx512 = "AVX-512" if "avx512f" in info["flags"].split() else "no AVX-512"
+        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}, {avx512})"
+    except (OSError, KeyError):
+        return platform.processor() or platform.machine()
+
+
+def load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
 def heldout(ckpt: str, text_file: str) -> None:
     """Teacher-forced bits/char and top-1 accuracy of the Streamer's next-token logits along a text:
     the cache (a rolling cache past the context, for RoPE) against recomputing the window every token."""
@@ -140,8 +160,8 @@ def main() -> None:
     sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads available "
-        f"(generation runs on 1), torch {torch.__version__}"
+        f"machine: {machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads available "
+        f"(generation runs on 1), torch {torch.__version__}, numpy {np.__version__}; {load()} at the start"
     )
     rows = []
     for size, dims in sizes.items():
@@ -158,6 +178,7 @@ def main() -> None:
             if args.json:
                 print(json.dumps({"size": size, "tokens": n, "top_k": args.top_k, "runs": results}))
 
+    print(f"{load()} at the end")
     print()
     print(
         f"medians over {args.repeats} repeats; tokens/s is wall clock and counts prefill and every step; "
