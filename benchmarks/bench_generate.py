@@ -4,6 +4,8 @@
     python benchmarks/bench_generate.py --repeats 1  # a quick look
     python benchmarks/bench_generate.py --size nanoGPT --variants cache "nanoGPT generate()" --top-k 200 --tokens 500
         # issue 12's case: charlm's cached sampling against nanoGPT's own generate() at the same size
+        # (add "nanoGPT generate(), 1 thread" for the steadier comparison on a busy machine; issue 19
+        # measures with --repeats 5)
     python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
@@ -53,12 +55,20 @@ SIZES = {
     "nanoGPT size (4×128, 4 heads, context 64)": dict(n_layers=4, d_model=128, n_heads=4, context=64),
     "4×128, 4 heads, context 256": dict(n_layers=4, d_model=128, n_heads=4, context=256),
 }
-VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()")
+VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()", "nanoGPT generate(), 1 thread")
 
 
-def nanogpt_once(model, n_tokens: int, seed: int, top_k: int) -> dict:
+def nanogpt_once(model, n_tokens: int, seed: int, top_k: int, threads: int | None = None) -> dict:
     """nanoGPT's own generate() on a model of the same size (benchmarks/nanogpt_reference.py), with torch's
-    default threads, as its sample.py runs it."""
+    default threads, as its sample.py runs it, or with `threads`. (On a busy 2-core machine its default
+    two threads wait on each other: one thread is then often faster, and always steadier.)"""
+    if threads is not None:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return nanogpt_once(model, n_tokens, seed, top_k)
+        finally:
+            torch.set_num_threads(saved)
     cfg = model.cfg
     gpt = nanogpt.GPT(
         nanogpt.GPTConfig(
@@ -77,8 +87,8 @@ def nanogpt_once(model, n_tokens: int, seed: int, top_k: int) -> dict:
 
 
 def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
-    if variant == "nanoGPT generate()":
-        return nanogpt_once(model, n_tokens, seed, top_k)
+    if variant.startswith("nanoGPT generate()"):
+        return nanogpt_once(model, n_tokens, seed, top_k, threads=1 if variant.endswith("1 thread") else None)
     torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
     gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
@@ -151,7 +161,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[500, 2000])
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON lines")
     ap.add_argument("--size", default="", help="only the model sizes whose name contains this")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:-1]))
     ap.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
     ap.add_argument("--heldout", nargs=2, metavar=("CKPT", "TEXT"), help="score a trained model on a text instead")
     args = ap.parse_args()
