@@ -1,5 +1,5 @@
 """The Transformer's one-token decode step again, in numpy: what generation runs for each new token
-when it can (batch 1, CPU, float32, eval mode, no grad).
+when it can (batch 1, CPU, float32, eval mode).
 
 Why a second implementation: at chat sizes a token costs ~100 tiny ops, and torch spends 5-10 µs
 dispatching each one against ~1 µs for numpy: streaming at nanoGPT size runs ~7x faster than with
@@ -13,7 +13,7 @@ zero-copy views (never stale copies), writes its keys and values into the same K
 prefill fills, and advances cache.pos. A rolling cache wraps around.
 
 Past the five matrix-vector products (which stream the weights about as fast as BLAS goes), a token's
-time is the number of numpy calls, ~1 µs each: so the step makes ~20 per layer, writes into scratch
+time is the number of numpy calls, 1-3 µs each: so the step makes ~20 per layer, writes into scratch
 buffers made once (`out=`), reads the cache through views made once, and calls ndarray methods and
 ufuncs directly (np.dot and arr.max(...) pass through Python wrappers first).
 """
