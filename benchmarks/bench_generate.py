@@ -4,6 +4,8 @@
     python benchmarks/bench_generate.py --repeats 1  # a quick look
     python benchmarks/bench_generate.py --size nanoGPT --variants cache "nanoGPT generate()" --top-k 200 --tokens 500
         # issue 12's case: charlm's cached sampling against nanoGPT's own generate() at the same size
+        # (add "nanoGPT generate(), 1 thread" for the steadier comparison on a busy machine; issue 19
+        # measures with --repeats 5)
     python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
@@ -23,12 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,12 +55,20 @@ SIZES = {
     "nanoGPT size (4×128, 4 heads, context 64)": dict(n_layers=4, d_model=128, n_heads=4, context=64),
     "4×128, 4 heads, context 256": dict(n_layers=4, d_model=128, n_heads=4, context=256),
 }
-VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()")
+VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()", "nanoGPT generate(), 1 thread")
 
 
-def nanogpt_once(model, n_tokens: int, seed: int, top_k: int) -> dict:
+def nanogpt_once(model, n_tokens: int, seed: int, top_k: int, threads: int | None = None) -> dict:
     """nanoGPT's own generate() on a model of the same size (benchmarks/nanogpt_reference.py), with torch's
-    default threads, as its sample.py runs it."""
+    default threads, as its sample.py runs it, or with `threads`. (On a busy 2-core machine its default
+    two threads wait on each other: one thread is then often faster, and always steadier.)"""
+    if threads is not None:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return nanogpt_once(model, n_tokens, seed, top_k)
+        finally:
+            torch.set_num_threads(saved)
     cfg = model.cfg
     gpt = nanogpt.GPT(
         nanogpt.GPTConfig(
@@ -75,8 +87,8 @@ def nanogpt_once(model, n_tokens: int, seed: int, top_k: int) -> dict:
 
 
 def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
-    if variant == "nanoGPT generate()":
-        return nanogpt_once(model, n_tokens, seed, top_k)
+    if variant.startswith("nanoGPT generate()"):
+        return nanogpt_once(model, n_tokens, seed, top_k, threads=1 if variant.endswith("1 thread") else None)
     torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
     gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
@@ -97,6 +109,24 @@ def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
         "first100_ms": 1000 * statistics.mean(times[1:101]),
         "last100_ms": 1000 * statistics.mean(times[-100:]),
     }
+
+
+def machine() -> str:
+    """The CPU as /proc/cpuinfo names it (family and model tell Zen 1, 3 and 4 apart), and whether it has
+    AVX-512: a figure must say which machine it came from."""
+    try:
+        info = dict(
+            line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line
+        )
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        avx512 = "AVX-512" if "avx512f" in info["flags"].split() else "no AVX-512"
+        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}, {avx512})"
+    except (OSError, KeyError):
+        return platform.processor() or platform.machine()
+
+
+def load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def heldout(ckpt: str, text_file: str) -> None:
@@ -131,7 +161,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[500, 2000])
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON lines")
     ap.add_argument("--size", default="", help="only the model sizes whose name contains this")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:-1]))
     ap.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
     ap.add_argument("--heldout", nargs=2, metavar=("CKPT", "TEXT"), help="score a trained model on a text instead")
     args = ap.parse_args()
@@ -140,8 +170,8 @@ def main() -> None:
     sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads available "
-        f"(generation runs on 1), torch {torch.__version__}"
+        f"machine: {machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads available "
+        f"(generation runs on 1), torch {torch.__version__}, numpy {np.__version__}; {load()} at the start"
     )
     rows = []
     for size, dims in sizes.items():
@@ -158,6 +188,7 @@ def main() -> None:
             if args.json:
                 print(json.dumps({"size": size, "tokens": n, "top_k": args.top_k, "runs": results}))
 
+    print(f"{load()} at the end")
     print()
     print(
         f"medians over {args.repeats} repeats; tokens/s is wall clock and counts prefill and every step; "

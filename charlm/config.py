@@ -359,8 +359,20 @@ class SampleConfig:
         _check(self.unknown in UNKNOWN, f"unknown must be one of {', '.join(UNKNOWN)}, got {self.unknown!r}")
         return self
 
+    def plain(self, vocab_size: int) -> bool:
+        """Only the temperature shapes the next token's distribution: every other setting that could is off
+        (top-k keeping the whole vocabulary counts as off). The sampler's fast path; a new field is taken to
+        shape the distribution unless it is listed in NOT_SHAPING."""
+        return (self.top_k == 0 or self.top_k >= vocab_size) and all(
+            getattr(self, name) == default for name, default in _SHAPING
+        )
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+NOT_SHAPING = ("temperature", "top_k", "max_tokens", "stop", "seed", "unknown")  # (top_k: see plain())
+_SHAPING = [(f.name, f.default) for f in fields(SampleConfig) if f.name not in NOT_SHAPING]
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 import codecs
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,25 +57,56 @@ def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor 
 
 
 def sample_next_token(
-    logits: torch.Tensor, s: SampleConfig, generator: torch.Generator | None = None, history: torch.Tensor | None = None
+    logits: torch.Tensor | np.ndarray,
+    s: SampleConfig,
+    generator: torch.Generator | None = None,
+    history: torch.Tensor | None = None,
+    uniform: Callable[[], float] | None = None,
 ) -> int:
     """logits (vocab,) -> the next token id, drawn from sampling_probs with one uniform number from
-    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call)."""
+    `generator` (inverse CDF: one cheap draw, where torch.multinomial costs ~30 µs a call), or from
+    `uniform()` when given (Uniforms: the same numbers, drawn ahead). The logits may be a numpy array
+    (the numpy decode step's): the common case then never touches torch."""
     if s.temperature < GREEDY_BELOW and (s.repetition_penalty == 1.0 or history is None):
         return int(logits.argmax())
-    all_k = s.top_k == 0 or s.top_k >= logits.numel()  # top_k >= vocab keeps every token: it disables nothing
-    if all_k and s.top_p == 1.0 and s.repetition_penalty == 1.0 and logits.device.type == "cpu":
+    on_cpu = isinstance(logits, np.ndarray) or logits.device.type == "cpu"
+    if on_cpu and s.plain(len(logits)):
         # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
-        z = logits.float().numpy().astype(np.float64) / s.temperature
-        probs = np.exp(z - z.max())
+        z = logits if isinstance(logits, np.ndarray) else logits.float().numpy()
+        probs = np.subtract(z, z.max(), dtype=np.float64)
+        probs *= 1.0 / s.temperature
+        np.exp(probs, out=probs)
     else:
-        probs = sampling_probs(logits, s, history).cpu().numpy()
-    cdf = np.cumsum(probs, dtype=np.float64)
-    u = torch.rand((), generator=generator, dtype=torch.float64).item()
-    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))  # a zero-probability token is never chosen
+        probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
+    cdf = probs.cumsum(dtype=np.float64)
+    u = uniform() if uniform is not None else torch.rand((), generator=generator, dtype=torch.float64).item()
+    i = int(cdf.searchsorted(u * cdf[-1], "right"))  # a zero-probability token is never chosen
     if i >= len(cdf):  # u * total rounded up to the total: take the last token that has any mass
         i = int(np.flatnonzero(probs)[-1])
     return i
+
+
+class Uniforms:
+    """generator's uniform numbers (float64, as torch.rand draws them one at a time), drawn `block` at a
+    time: mid-stream, with the caches cold from the model's weights, one torch.rand per token costs
+    ~25 µs, a tenth of a token at nanoGPT size. Torch draws a block in the order single draws come;
+    close() puts back the numbers not taken, so the generator ends where one draw per number taken
+    leaves it (tests/test_generate.py checks both)."""
+
+    def __init__(self, generator: torch.Generator, block: int = 256):
+        self.generator, self.block, self.left = generator, block, []
+
+    def __call__(self) -> float:
+        if not self.left:
+            self.state = self.generator.get_state()
+            self.left = torch.rand(self.block, generator=self.generator, dtype=torch.float64).tolist()[::-1]
+        return self.left.pop()
+
+    def close(self) -> None:
+        if self.left:
+            self.generator.set_state(self.state)
+            torch.rand(self.block - len(self.left), generator=self.generator, dtype=torch.float64)  # those taken
+            self.left = []
 
 
 class Utf8Stream:
@@ -161,16 +192,23 @@ class Streamer:
         self._fed = 0
         self._last = None
 
-    @torch.inference_mode()
     def next_logits(self) -> torch.Tensor:
         """Logits (vocab,) for the token after the running text, feeding the model only what it has
         not seen."""
+        logits = self._next_logits()
+        return torch.from_numpy(logits) if isinstance(logits, np.ndarray) else logits
+
+    def _next_logits(self) -> torch.Tensor | np.ndarray:
+        # next_logits as the step leaves them: a numpy array from the numpy step, which stream() samples
+        # from without a round trip through torch (torch's part runs in inference mode, numpy's needs none)
         if not self.use_cache:
             if self.sliding:
                 self.ids = self.ids[-self.context :]
-            return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
+            with torch.inference_mode():
+                return self.model(torch.tensor([self.ids], dtype=torch.long, device=self.device))[0][0, -1]
         if self.cache is None:
-            self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
+            with torch.inference_mode():
+                self.cache = self.model.new_cache(1, rolling=True) if self.rolling else self.model.new_cache(1)
         new = self.ids[self._fed :]
         if not new and self._last is not None:  # asked twice: nothing new to feed
             return self._last
@@ -187,12 +225,14 @@ class Streamer:
         self._fed, self._last = len(self.ids), logits
         return logits
 
-    def _feed(self, tokens: list[int]) -> torch.Tensor:
-        if len(tokens) == 1 and self.fast_decode and FastDecoder.supports(self.model):
-            if self.fast is None:
-                self.fast = FastDecoder(self.model, self.cache)
-            return self.fast.step(tokens[0])
-        return self.model.decode(tokens, self.cache)
+    def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
+        if len(tokens) == 1 and self.fast_decode:
+            if self.fast is None or not self.fast.current():
+                self.fast = FastDecoder(self.model, self.cache) if FastDecoder.supports(self.model) else None
+            if self.fast is not None:
+                return self.fast.step_np(tokens[0])
+        with torch.inference_mode():
+            return self.model.decode(tokens, self.cache)
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None
@@ -215,14 +255,14 @@ class Streamer:
         hold = max((len(s) for s in settings.stop), default=1) - 1  # chars that may begin a stop string
         pending = ""  # decoded text not yet yielded (held back while it could start a stop string)
         start = time.perf_counter()
-        with one_thread():
+        with one_thread(), closing(Uniforms(generator)) as uniform:
             for n in range(settings.max_tokens):
                 try:
-                    logits = self.next_logits()
+                    logits = self._next_logits()
                     history = None
                     if settings.repetition_penalty != 1.0:
-                        history = torch.tensor(self.ids[-self.context :], device=logits.device).unique()
-                    token = sample_next_token(logits, settings, generator, history)
+                        history = torch.tensor(self.ids[-self.context :], device=self.device).unique()
+                    token = sample_next_token(logits, settings, generator, history, uniform)
                 except BaseException:  # e.g. Ctrl-C inside the model: the cache may be half-written
                     self._drop_cache()
                     raise

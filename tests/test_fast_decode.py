@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from charlm.config import ModelConfig
+from charlm.generate import Streamer
 from charlm.models import build_model
 from charlm.models.fast_decode import FastDecoder
 
@@ -132,10 +133,41 @@ def test_supports_only_what_it_computes_exactly():
         assert not FastDecoder.supports(model)
         model.eval()
         assert not FastDecoder.supports(model.to(torch.bfloat16))
-    assert not FastDecoder.supports(model_of())  # grad enabled: forward() builds a graph
+    assert FastDecoder.supports(model_of())  # grad enabled: the same logits, only no graph (the step never needs one)
     lstm = build_model(ModelConfig(kind="lstm", vocab_size=VOCAB, d_model=16)).eval()
     with torch.no_grad():
         assert not FastDecoder.supports(lstm)
+
+
+def test_a_decoder_knows_when_its_views_went_stale():
+    """current(): the per-token check. Train mode, or a round trip to another dtype (the weights come
+    back in new memory, the decoder's views stay on the old), and the decoder is no longer current."""
+    model = model_of()
+    decoder = FastDecoder(model, model.new_cache(1))
+    assert decoder.current()
+    model.train()
+    assert not decoder.current()
+    model.eval()
+    assert decoder.current()
+    model.to(torch.bfloat16).to(torch.float32)
+    assert not decoder.current() and FastDecoder.supports(model) and FastDecoder(model, model.new_cache(1)).current()
+
+
+def test_the_streamer_replaces_a_stale_decoder():
+    """After a round trip through bfloat16 (weights rounded, in new memory) the Streamer's numpy step
+    reads the model's weights as they are now, not the old memory."""
+    model = model_of()
+    gen = Streamer(model, tokenizer=None)
+    for _ in range(2):
+        gen.reset()
+        gen.ids = [1, 2, 3]
+        gen.next_logits()  # a prompt: torch
+        gen.ids.append(4)
+        logits = gen.next_logits()  # one new token: the numpy step
+        with torch.no_grad():
+            want = model(torch.tensor([[1, 2, 3, 4]]))[0][0, -1]
+        assert gen.fast is not None and (logits - want).abs().max().item() <= 1e-4
+        model.to(torch.bfloat16).to(torch.float32)
 
 
 def test_refuses_to_run_past_the_context():

@@ -579,3 +579,29 @@ def test_a_bfloat16_model_rolls_on_the_torch_path():
     gen = Streamer(model, CHARS)
     text = gen.complete(CHARS.encode("abc"), SampleConfig(temperature=1.0, max_tokens=30, seed=0))
     assert len(text) == 30 and gen.fast is None and gen.cache.pos == 32 and gen.cache.k.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SampleConfig(temperature=1.0, max_tokens=600),  # more than one block of uniform numbers
+        SampleConfig(temperature=1.0, top_k=5, max_tokens=300, stop=["e"]),  # stopped early, mid-block
+        SampleConfig(temperature=0, max_tokens=20),  # greedy: draws nothing
+    ],
+)
+def test_stream_draws_what_one_uniform_per_token_draws(settings):
+    """stream() takes its uniform numbers a block at a time (Uniforms): the same tokens as one
+    torch.rand per sample_next_token call, and the generator left where those draws leave it."""
+    model = model_of()
+    prompt = CHARS.encode("hello")
+    g = torch.Generator().manual_seed(3)
+    gen = Streamer(model, CHARS)
+    text = gen.complete(prompt, settings, g)
+    ref, g_ref, tokens = Streamer(model, CHARS), torch.Generator().manual_seed(3), []
+    ref.ids = list(prompt)
+    for _ in range(gen.stats.tokens):
+        tokens.append(sample_next_token(ref.next_logits(), settings, g_ref))
+        ref.ids.append(tokens[-1])
+    want = CHARS.decode(tokens)
+    assert text == (want[: want.index("e")] if settings.stop else want)
+    assert torch.equal(g.get_state(), g_ref.get_state())

@@ -1,14 +1,21 @@
 """The Transformer's one-token decode step again, in numpy: what generation runs for each new token
-when it can (batch 1, CPU, float32, eval mode, no grad).
+when it can (batch 1, CPU, float32, eval mode).
 
 Why a second implementation: at chat sizes a token costs ~100 tiny ops, and torch spends 5-10 µs
-dispatching each one against ~1 µs for numpy, so this step is ~3x faster (benchmarks/RESULTS.md).
+dispatching each one against ~1 µs for numpy: streaming at nanoGPT size runs ~7x faster than with
+torch's one-token step (benchmarks/RESULTS.md, "Generation").
 The arithmetic is Transformer.forward's (rope as one matrix, RMSNorm's scalar in Python floats);
 tests compare the two block by block at every position.
 
-FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token:
-it reads the weights through zero-copy views (never stale copies), writes its keys and values into
-the same KVCache a torch prefill fills, and advances cache.pos. A rolling cache wraps around.
+FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token
+(step_np: the same as a numpy array, for a caller that stays in numpy): it reads the weights through
+zero-copy views (never stale copies), writes its keys and values into the same KVCache a torch
+prefill fills, and advances cache.pos. A rolling cache wraps around.
+
+Past the five matrix-vector products (which stream the weights about as fast as BLAS goes), a token's
+time is the number of numpy calls, 1-3 µs each: so the step makes ~20 per layer, writes into scratch
+buffers made once (`out=`), reads the cache through views made once, and calls ndarray methods and
+ufuncs directly (np.dot and arr.max(...) pass through Python wrappers first).
 """
 
 from __future__ import annotations
@@ -24,7 +31,11 @@ from charlm.models.transformer import KVCache, Transformer, rope_inv_freq
 
 class FastDecoder:
     def __init__(self, model: Transformer, cache: KVCache):
-        self.cfg, self.cache = model.cfg, cache
+        cfg = self.cfg = model.cfg
+        self.model, self.cache = model, cache
+        self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
+        nh, C, slots = cfg.n_heads, cfg.d_model, cache.slots
+        hs = C // nh
         self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), _np(model.head.weight), _norm_args(model.norm)
         self.k, self.v = _np(cache.k)[:, 0], _np(cache.v)[:, 0]  # (L, nh, slots, hs): batch row 0
         self.layers = [
@@ -38,67 +49,109 @@ class FastDecoder:
             )
             for b in model.blocks
         ]
+        # each layer's keys and values (nh, slots, hs), and the same seen slot-major (slots, nh, hs) so
+        # that a new key or value is one row: k_at[slot] = k
+        k_at, v_at = self.k.transpose(0, 2, 1, 3), self.v.transpose(0, 2, 1, 3)
+        self.kv = [(self.k[l], self.v[l], k_at[l], v_at[l]) for l in range(cfg.n_layers)]
+
+        # scratch the step writes into, and views of it that never change
+        f32 = np.float32
+        self.x, self.xn, self.w, self.out = (np.empty(C, f32) for _ in range(4))  # residual, normed, scratch
+        self.qkv = np.empty(3 * C, f32)
+        self.qk = self.qkv.reshape(3 * nh, hs)[: 2 * nh]  # q and k: (2 nh, hs)
+        self.v_new = self.qkv.reshape(3 * nh, hs)[2 * nh :]  # (nh, hs)
+        self.q = np.empty((nh, hs, 1), f32)  # the query times 1 / sqrt(hs), a column per head
+        self.att = np.empty((nh, slots, 1), f32)  # attention weights over the slots, a column per head
+        self.m = np.empty((nh, 1), f32)  # a max or a sum per head
+        self.y = np.empty(C, f32)  # attention's output, the heads side by side
+        self.att_rows, self.y_rows = self.att.transpose(0, 2, 1), self.y.reshape(nh, 1, hs)  # views for att @ values
+        self.h = np.empty(model.blocks[0].mlp.fc.weight.shape[0], f32)  # the MLP's hidden layer
+        self.scale = 1.0 / math.sqrt(hs)
         self.pos_table = self.rope = None
-        if model.cfg.positions == "learned":
+        if cfg.positions == "learned":
             self.pos_table = _np(model.pos_emb.weight)
-        elif model.cfg.positions == "sinusoidal":
+        elif cfg.positions == "sinusoidal":
             self.pos_table = _np(model.pos_table)
         else:
             self.rope = _rope_matrix(_np(model.rope_cos), _np(model.rope_sin))
-            self.inv_freq = rope_inv_freq(model.cfg.d_model // model.cfg.n_heads).numpy()
+            self.qk_rot = np.empty_like(self.qk)  # q and k rotated
+            self.inv_freq = rope_inv_freq(hs).numpy()
+            self.past_table, self.past_start = self.rope[2][:0], 0  # rope values past the table, made as needed
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """The conditions under which step() computes what forward() would."""
+        """The conditions under which step() computes the logits forward() would (their values: the
+        step never builds a graph, grad mode or not)."""
+        if not isinstance(model, Transformer) or model.training:
+            return False
         w = model.tok_emb.weight
-        return (
-            isinstance(model, Transformer)
-            and not model.training
-            and not torch.is_grad_enabled()
-            and w.device.type == "cpu"
-            and w.dtype == torch.float32
-        )
+        return w.dtype == torch.float32 and w.is_cpu
+
+    def current(self) -> bool:
+        """Whether supports(model) still holds and the views still see the model's weights (a move to
+        another dtype or device and back leaves them on the old memory): the cheap check before a step."""
+        return not self.model.training and self.weight.data_ptr() == self.weight_at
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
         residual stream (C,) after each block's attention and after its MLP, in order."""
-        pos = self.cache.pos
-        if not self.cache.fits(1):
+        return torch.from_numpy(self.step_np(token, trace))
+
+    def step_np(self, token: int, trace: list | None = None) -> np.ndarray:
+        """step(), its logits as a numpy array (float32)."""
+        cache = self.cache
+        pos, slots, nh = cache.pos, cache.slots, self.cfg.n_heads
+        if pos >= slots and not cache.rolling:
             raise ValueError(f"{pos + 1} positions exceed the model's context of {self.cfg.context}")
-        nh, hs = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        slot, n_keys = pos % self.cache.slots, min(pos + 1, self.cache.slots)  # rolling: overwrite the oldest
-        x = self.tok_emb[token]  # (C,)
-        if self.pos_table is not None:  # learned or sinusoidal positions
-            x = x + self.pos_table[pos]
-        rope = None
+        slot, n_keys = pos % slots, pos + 1  # rolling: overwrite the oldest
+        x, xn, w, out, h, q, att, y = self.x, self.xn, self.w, self.out, self.h, self.q, self.att, self.y
+        inv_c = 1.0 / x.shape[0]  # RMSNorm's mean, its scalars in Python floats (far cheaper than numpy's)
+        a, q_rows, m = att[:, :, 0], q[:, :, 0], self.m  # (nh, slots), (nh, hs), (nh, 1)
+        if self.pos_table is None:
+            x[:] = self.tok_emb[token]  # (C,)
+        else:  # learned or sinusoidal positions
+            np.add(self.tok_emb[token], self.pos_table[pos], out=x)
+        qk = self.qk
         if self.rope is not None:  # apply_rope at this position as one matrix (hs, hs): x @ rope
             rope, rope_at, rope_values = self.rope
-            np.put(rope, rope_at, rope_values[pos] if pos < len(rope_values) else self._rope_values_at(pos))
-        for l, (n1, qkv, proj, n2, fc, fc_proj) in enumerate(self.layers):
-            qkv_x = np.dot(qkv, _rms_norm(x, *n1)).reshape(3, nh, hs)  # q, k, v: each (nh, hs)
-            q, k = qkv_x[:2] if rope is None else np.matmul(qkv_x[:2], rope)
-            self.k[l, :, slot], self.v[l, :, slot] = k, qkv_x[2]
-            keys, values = self.k[l, :, :n_keys], self.v[l, :, :n_keys]  # (nh, T, hs), once rolled in ring order
-            att = np.matmul(keys, q[:, :, None])[:, :, 0] * (1.0 / math.sqrt(hs))  # (nh, T)
-            att -= att.max(axis=-1, keepdims=True)  # softmax, in place
-            np.exp(att, out=att)
-            att /= att.sum(axis=-1, keepdims=True)
-            y = np.matmul(att[:, None, :], values).reshape(-1)  # (nh, 1, T) @ (nh, T, hs) -> (C,)
-            x = x + np.dot(proj, y)
+            rope.reshape(-1)[rope_at] = rope_values[pos] if pos < len(rope_values) else self._rope_values_past(pos)
+            qk = self.qk_rot
+        for ((w1, eps1), qkv, proj, (w2, eps2), fc, fc_proj), (keys, values, k_at, v_at) in zip(self.layers, self.kv):
+            np.multiply(w1, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps1), out=w)  # norm1: weight / rms(x)
+            qkv.dot(np.multiply(x, w, out=xn), out=self.qkv)  # q, k, v: each (nh, hs)
+            if self.rope is not None:
+                self.qk.dot(rope, out=qk)
+            np.multiply(qk[:nh], self.scale, out=q_rows)
+            k_at[slot], v_at[slot] = qk[nh:], self.v_new
+            np.matmul(keys, q, out=att)  # (nh, slots, hs) @ (nh, hs, 1): keys in ring order once rolled
+            if n_keys < slots:
+                a[:, n_keys:] = -np.inf  # slots not filled yet (zeros, or a reset cache's old keys)
+            np.subtract(a, np.maximum.reduce(a, 1, None, m, True), out=a)  # softmax over the slots, in place
+            np.exp(a, out=a)
+            np.divide(a, np.add.reduce(a, 1, None, m, True), out=a)
+            np.matmul(self.att_rows, values, out=self.y_rows)  # (nh, 1, slots) @ (nh, slots, hs)
+            x += proj.dot(y, out=out)
             if trace is not None:
-                trace.append(x)
-            h = np.dot(fc, _rms_norm(x, *n2))
+                trace.append(x.copy())
+            np.multiply(w2, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps2), out=w)  # norm2
+            fc.dot(np.multiply(x, w, out=xn), out=h)
             np.maximum(h, 0.0, out=h)  # ReLU², as MLP.forward
-            x = x + np.dot(fc_proj, h * h)
+            np.multiply(h, h, out=h)
+            x += fc_proj.dot(h, out=out)
             if trace is not None:
-                trace.append(x)
-        self.cache.pos += 1
-        return torch.from_numpy(np.dot(self.head, _rms_norm(x, *self.norm)))  # (vocab,)
+                trace.append(x.copy())
+        cache.pos += 1
+        w_f, eps = self.norm
+        np.multiply(w_f, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps), out=w)
+        return self.head.dot(np.multiply(x, w, out=xn))  # (vocab,)
 
-    def _rope_values_at(self, pos: int) -> np.ndarray:
-        # past the table (a rolling cache): rope_at's angles, in numpy (a few µs where torch takes ~50)
-        angles = pos * self.inv_freq
-        return _rope_values(np.cos(angles), np.sin(angles))
+    def _rope_values_past(self, pos: int) -> np.ndarray:
+        # past the table (a rolling cache): rope_at's angles, in float64 as rope_at computes them, for the
+        # next `context` positions at once (per position, the trigonometry cost ~10 µs a token)
+        if not self.past_start <= pos < self.past_start + len(self.past_table):
+            angles = np.outer(np.arange(pos, pos + self.cfg.context, dtype=np.float64), self.inv_freq)
+            self.past_table, self.past_start = _rope_values(np.cos(angles), np.sin(angles)), pos
+        return self.past_table[pos - self.past_start]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -108,11 +161,6 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _norm_args(norm: nn.RMSNorm) -> tuple[np.ndarray, float]:
     eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps  # nn.RMSNorm's default
     return _np(norm.weight), float(eps)
-
-
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # nn.RMSNorm on one vector; the scalar part in Python floats, which cost far less than numpy scalars
-    return x * (weight * (1.0 / math.sqrt(float(np.dot(x, x)) / x.shape[0] + eps)))
 
 
 def _rope_matrix(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
