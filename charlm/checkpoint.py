@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from charlm import files
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ConfigError, ModelConfig, TrainConfig, shown
 from charlm.models import build_model, param_shapes
 from charlm.tokenizer import tokenizer_from_json
 
@@ -108,27 +108,20 @@ class Saved:
         """Check every field's type (a file's content is input like any other) and build the schema."""
         if data.get("version") == 1:
             data = _from_v1(data)
-        missing = [k for k in REQUIRED if k not in data]
+        missing = [
+            k for k in REQUIRED if k not in data or data[k] is None and k not in ("best_val_loss", "best_val_bpc")
+        ]
         if missing:
             raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
-        for name, types in TYPES.items():
-            value = data.get(name)
-            if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
-                raise CheckpointError(
-                    f"{path} is a damaged charlm checkpoint ({name} should be "
-                    f"{' or '.join(t.__name__ for t in types)}, not {type(value).__name__})"
-                )
+        if problem := _mistyped(data, TYPES) or _mistyped(data.get("corpus") or {}, CORPUS_TYPES, "corpus "):
+            raise CheckpointError(f"{path} is a damaged charlm checkpoint ({problem})")
         if (data["best_val_loss"] is None) != (data["best_val_bpc"] is None):
             raise CheckpointError(
                 f"{path} is a damaged charlm checkpoint (best_val_loss and best_val_bpc "
                 "should both be numbers, or both be empty)"
             )
-        odd = [k for k, v in (data.get("metrics") or {}).items() if not isinstance(v, _NUMBER) or isinstance(v, bool)]
-        if odd:
-            raise CheckpointError(
-                f"{path} is a damaged charlm checkpoint (metric {odd[0]} should be a number, "
-                f"not {type(data['metrics'][odd[0]]).__name__})"
-            )
+        if problem := _out_of_range(data):
+            raise CheckpointError(f"{path} is a damaged charlm checkpoint ({problem})")
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
             train_config = TrainConfig.from_dict(data["train_config"]).validate()
@@ -191,7 +184,7 @@ REQUIRED = (
     "best_val_bpc",
 )
 _NUMBER = (int, float)
-TYPES = {
+TYPES = {  # None stands for "not there" in every field
     "run_name": (str,),
     "model_config": (dict,),
     "train_config": (dict,),
@@ -211,6 +204,49 @@ TYPES = {
     "world_size": (int,),
     "weights_sha256": (list,),
 }
+CORPUS_TYPES = {
+    "name": (str,),
+    "sha256": (str,),
+    "train_tokens": (int,),
+    "val_tokens": (int,),
+    "chars_per_token": _NUMBER,
+}
+COUNTS = {"step": 0, "params": 0, "world_size": 1, "corpus train_tokens": 0, "corpus val_tokens": 0}  # at least
+AMOUNTS = {"train_seconds": 0, "best_val_loss": 0, "best_val_bpc": 0, "corpus chars_per_token": 1e-9}  # at least
+# (a number out of range is no crash here, but it is further on: `charlm runs` rounds the seconds, and so on)
+
+
+def _mistyped(data: dict, types: dict, prefix: str = "") -> str | None:
+    for name, allowed in types.items():
+        value = data.get(name)
+        if value is not None and (not isinstance(value, allowed) or isinstance(value, bool) and bool not in allowed):
+            return f"{prefix}{name} should be {' or '.join(t.__name__ for t in allowed)}, not {type(value).__name__}"
+    return None
+
+
+def _out_of_range(data: dict) -> str | None:
+    def get(name):
+        part, _, key = name.rpartition(" ")
+        return (data.get(part) or {}).get(key) if part else data.get(name)
+
+    finite = lambda x: isinstance(x, int) or math.isfinite(x)  # noqa: E731 - an int of 400 digits has no float
+    for name, least in COUNTS.items():
+        if (value := get(name)) is not None and not least <= value < 2**63:
+            return f"{name} should be a whole number from {least} up, not {shown(value)}"
+    for name, least in AMOUNTS.items():
+        if (value := get(name)) is not None and not (finite(value) and value >= least):
+            return f"{name} should be a finite number of at least {least:g}, not {shown(value)}"
+    for key, value in (data.get("metrics") or {}).items():
+        if not isinstance(key, str):
+            return f"metric names should be text, not {type(key).__name__}"
+        label = shown(key)[1:-1]  # without its quotes, escaped and short
+        if not isinstance(value, _NUMBER) or isinstance(value, bool):
+            return f"metric {label} should be a number, not {type(value).__name__}"
+        if not finite(value):
+            return f"metric {label} should be a finite number, not {value}"
+    if not all(isinstance(x, str) for x in data.get("weights_sha256") or []):
+        return "weights_sha256 should be a list of digests"
+    return None
 
 
 def _from_v1(data: dict) -> dict:
@@ -235,15 +271,37 @@ def _open_archive(p: Path) -> zipfile.ZipFile:
         raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
     if magic != b"PK\x03\x04":  # anything else is not ours
         raise CheckpointError(f"{p} is not a charlm checkpoint (not a PyTorch archive)")
+    zip_errors = (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError)
+    damaged = "train again or use another checkpoint"
     try:
         z = zipfile.ZipFile(p)
+    except zip_errors as e:
+        raise CheckpointError(f"{p} is truncated or corrupt ({_last_words(e)}); {damaged}") from None
+    try:
+        if odd := _odd_entries(z):
+            raise CheckpointError(f"{p} is not a charlm checkpoint ({odd})")
         bad = z.testzip()  # torch.load skips the CRCs: a damaged weight would load silently
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
-        raise CheckpointError(f"{p} is truncated or corrupt ({e}); train again or use another checkpoint") from None
-    if bad is not None:
+        if bad is not None:  # the name as ascii(): on one line, whatever it holds
+            raise CheckpointError(f"{p} is corrupt ({ascii(bad)[1:-1]} fails its checksum); {damaged}")
+    except zip_errors as e:
         z.close()
-        raise CheckpointError(f"{p} is corrupt ({bad} fails its checksum); train again or use another checkpoint")
+        raise CheckpointError(f"{p} is truncated or corrupt ({_last_words(e)}); {damaged}") from None
+    except CheckpointError:
+        z.close()
+        raise
     return z
+
+
+def _odd_entries(z: zipfile.ZipFile) -> str | None:
+    """What no archive of torch.save's has: compressed entries (a few KB of them can hold gigabytes, which
+    reading them would take in time and memory; a stored entry is never larger than the file), or two entries
+    of one name (torch.load and this reader might not read the same one)."""
+    infos = z.infolist()
+    if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+        return "its archive holds compressed entries, which torch.save never writes"
+    if len({i.filename for i in infos}) != len(infos):
+        return "its archive holds two entries of one name"
+    return None
 
 
 @dataclass(frozen=True)
@@ -274,14 +332,71 @@ _STORAGES = {  # torch's storage classes in a data.pkl, by element size (what th
 }  # fmt: skip
 
 
-class _HeaderUnpickler(pickle.Unpickler):
+_PLAIN = (str, int, float, bytes, bool, type(None))  # what a dict key or a set element may be: cheap to hash
+_INT64 = 2**63  # every whole number a checkpoint holds is below it (sizes, steps, counts)
+
+
+def _is_int64(x) -> bool:
+    return type(x) is int and -_INT64 <= x < _INT64
+
+
+def _unpickler_dispatch() -> dict:
+    """pickle's pure-Python dispatch table, with the opcodes a small crafted file could abuse guarded or refused:
+    a dict key or set element must be a plain value (hashing a tuple recurses in C: a deep one overflows the
+    stack and kills the process, one that shares its items, t = (s, s), s = (r, r), ..., takes 2^depth steps);
+    BUILD may only give a state dict its _metadata (it would change a TensorInfo after its checks); and
+    protocol 5's buffers are refused (BYTEARRAY8 allocates the size the file claims before reading it)."""
+
+    class Table(dict):
+        def __missing__(self, op):
+            raise pickle.UnpicklingError(f"invalid load key {bytes([op])!r}")
+
+    table = Table(pickle._Unpickler.dispatch)
+
+    def plain_keys(opcode: bytes, keys) -> None:
+        load = table[opcode[0]]
+
+        def checked(self):
+            if not all(type(k) in _PLAIN for k in keys(self.stack)):
+                raise pickle.UnpicklingError("a dict key or set element that is not a plain value")
+            load(self)
+
+        table[opcode[0]] = checked
+
+    plain_keys(pickle.SETITEM, lambda stack: stack[-2:-1])  # the stack: ... dict key value
+    plain_keys(pickle.SETITEMS, lambda stack: stack[::2])  # the stack since MARK: key value key value ...
+    plain_keys(pickle.DICT, lambda stack: stack[::2])
+    plain_keys(pickle.ADDITEMS, lambda stack: stack)  # the stack since MARK: elements
+    plain_keys(pickle.FROZENSET, lambda stack: stack)
+    build = table[pickle.BUILD[0]]
+
+    def build_state_dict(self):
+        if type(self.stack[-2]) is not collections.OrderedDict:
+            raise pickle.UnpicklingError("BUILD of something other than a state dict")
+        build(self)
+
+    def refused(self):
+        raise pickle.UnpicklingError("an out-of-band buffer (pickle protocol 5, which torch.save never writes)")
+
+    table[pickle.BUILD[0]] = build_state_dict
+    for opcode in (pickle.BYTEARRAY8, pickle.NEXT_BUFFER, pickle.READONLY_BUFFER):
+        table[opcode[0]] = refused
+    return table
+
+
+class _HeaderUnpickler(pickle._Unpickler):
     """Reads a checkpoint's data.pkl without torch: plain values as they are, every tensor as a TensorInfo.
     Like torch.load(weights_only=True), it refuses every class and function but the few a state dict
-    names, so a crafted file runs no code here either."""
+    names, so a crafted file runs no code here either. It is pickle's pure-Python unpickler, whose memo is a
+    dict (the C one allocates an array as long as the largest memo index a file names: a 9-byte data.pkl
+    asks for gigabytes), with the opcodes that could take unbounded time or memory refused (see
+    _unpickler_dispatch). What it returns is then checked by _check_tree."""
+
+    dispatch = _unpickler_dispatch()
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("collections", "OrderedDict"):
-            return collections.OrderedDict
+            return _ordered_dict
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return _tensor_info
         if module == "torch" and name in _STORAGES:
@@ -290,19 +405,64 @@ class _HeaderUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         # torch's storages: ("storage", storage class, key, location, number of values)
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and pid[1] in _STORAGES):
-            raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:40]}")
-        if not isinstance(pid[4], int) or pid[4] < 0 or not isinstance(pid[2], str):
-            raise pickle.UnpicklingError("a storage of a negative or non-integer size")
-        return pid[1], pid[2], pid[4]
+        if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and type(pid[1]) is str):
+            raise pickle.UnpicklingError(f"unexpected persistent id (a {type(pid).__name__})")
+        if pid[1] not in _STORAGES or type(pid[2]) is not str or not (_is_int64(pid[4]) and pid[4] >= 0):
+            raise pickle.UnpicklingError("a storage of an unknown type, or of a negative or non-integer size")
+        return _Storage(pid[1], pid[2], pid[4])
+
+
+def _ordered_dict() -> collections.OrderedDict:
+    return collections.OrderedDict()  # torch pickles one as OrderedDict() and SETITEMS: never from arguments
+
+
+@dataclass(frozen=True)
+class _Storage:
+    kind: str
+    key: str
+    numel: int
 
 
 def _tensor_info(storage, offset, size, stride, *_rest) -> TensorInfo:
-    kind, key, numel = storage
-    ints = lambda xs: isinstance(xs, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)  # noqa: E731
-    if not (isinstance(offset, int) and ints(size) and ints(stride) and len(size) == len(stride)):
-        raise pickle.UnpicklingError("a tensor with a malformed shape")
-    return TensorInfo(kind, key, tuple(size), tuple(stride), offset, numel)
+    ints = lambda xs: type(xs) is tuple and all(map(_is_int64, xs))  # noqa: E731
+    if not (
+        isinstance(storage, _Storage) and _is_int64(offset) and ints(size) and ints(stride) and len(size) == len(stride)
+    ):
+        raise pickle.UnpicklingError("a malformed tensor")
+    return TensorInfo(storage.kind, storage.key, size, stride, offset, storage.numel)
+
+
+MAX_DEPTH = 32  # a checkpoint's payload nests 5 deep (optimizer, param_groups, a group, params, a number)
+
+
+def _check_tree(p: Path, tree: object, budget: int) -> None:
+    """The payload is a tree of at most `budget` values (pickle can share one list many times over: a file of
+    a few hundred bytes can hold 2^60 of them, and printing one would never end), at most MAX_DEPTH deep, whose
+    text is valid Unicode (a lone surrogate crashes the terminal writes of `charlm info`) and whose whole numbers
+    fit in 64 bits (str() of one of more than 4300 digits raises ValueError)."""
+    stack = [(tree, 0)]
+    while stack:
+        value, depth = stack.pop()
+        budget -= 1
+        if budget < 0 or depth > MAX_DEPTH:
+            raise CheckpointError(
+                f"{p} is not a readable charlm checkpoint (its header nests too deep or holds too much)"
+            )
+        if isinstance(value, dict):
+            stack.extend((x, depth + 1) for item in value.items() for x in item)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend((x, depth + 1) for x in value)
+        elif isinstance(value, str) and not value.isascii():
+            try:  # a name from the file system may hold undecodable bytes (as surrogateescape writes them)
+                value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raise CheckpointError(
+                    f"{p} is a damaged charlm checkpoint (it holds text that is not valid Unicode)"
+                ) from None
+        elif isinstance(value, int) and not -(2**64) < value < 2**64:
+            raise CheckpointError(
+                f"{p} is a damaged charlm checkpoint (it holds a number of {value.bit_length()} bits)"
+            )
 
 
 def _header(p: Path, z: zipfile.ZipFile) -> object:
@@ -314,15 +474,17 @@ def _header(p: Path, z: zipfile.ZipFile) -> object:
             raise CheckpointError(f"{p} was written on a machine of another byte order: it cannot be read here")
     try:
         with z.open(names[0]) as f:
-            return _HeaderUnpickler(f).load()
+            tree = _HeaderUnpickler(f).load()
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # it names a class or function: the file wants to run code
             raise CheckpointError(
                 f"{p} is not a charlm checkpoint: it holds Python objects, which are never loaded (only tensors and plain data)"
             ) from None
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
-    except Exception as e:  # zip errors, truncated pickles, recursion: the file is unusable
+    except Exception as e:  # zip errors, truncated pickles: the file is unusable
         raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
+    _check_tree(p, tree, budget=64 + 4 * z.getinfo(names[0]).file_size)  # torch's pickles hold < 1 value a byte
+    return tree
 
 
 def _load_tensors(p: Path, map_location) -> object:
@@ -448,7 +610,7 @@ def _typed(p: Path, data: object) -> Saved:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{p} is not a charlm checkpoint (a PyTorch file written by something else)")
     version = data.get("version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or version < 1:
         raise CheckpointError(f"{p} is not a charlm checkpoint (no format version)")
     if version > VERSION:
         raise CheckpointError(f"{p} was written by a newer charlm (format {version}): upgrade charlm")

@@ -16,7 +16,9 @@ setting, its default and its help are written once, here.
 from __future__ import annotations
 
 import math
+import numbers
 import re
+import reprlib
 from dataclasses import asdict, dataclass, field, fields, replace
 
 # The model families, by name: the class that implements each, imported only when a model is built (so that
@@ -46,6 +48,47 @@ class ConfigError(ValueError):
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+MAX_BITS = 10_000  # str() of a whole number of more than 4300 digits (14,000 bits) raises ValueError
+
+
+def shown(value) -> str:
+    """A value in a message: short, on one line, whatever it holds (a checkpoint's config is outside data)."""
+    if isinstance(value, int) and value.bit_length() > MAX_BITS:
+        return f"a number of {value.bit_length()} bits"
+    return reprlib.repr(value)
+
+
+def _whole(x) -> bool:  # one that messages can print
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x).bit_length() <= MAX_BITS
+
+
+def _real(x) -> bool:
+    return _whole(x) or isinstance(x, numbers.Real) and not isinstance(x, (bool, numbers.Integral))
+
+
+# what each declared field type accepts, and its name in a message
+_KINDS = {
+    "int": (_whole, "a whole number"),
+    "float": (_real, "a number"),
+    "str": (lambda x: isinstance(x, str), "text"),
+    "bool": (lambda x: isinstance(x, bool), "true or false"),
+    "list[str]": (lambda x: isinstance(x, list) and all(isinstance(s, str) for s in x), "a list of text"),
+}
+
+
+def _check_types(config) -> None:
+    """Every field holds a value of its declared type, before any range check compares or prints it: a string
+    where a number belongs would raise TypeError there, a float where an int belongs would pass and break
+    the model later."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        kind, optional = str(f.type).removesuffix(" | None"), str(f.type).endswith(" | None")
+        ok, what = _KINDS.get(kind, (lambda x: True, ""))
+        if not (ok(value) or optional and value is None):
+            name = f"--{flag_name(f)}" if flag_name(f) else f.name.replace("_", " ")
+            _check(False, f"{name} must be {what}{' or nothing' if optional else ''}, got {shown(value)}")
 
 
 def check_seed(seed: int | None) -> None:
@@ -161,7 +204,8 @@ class ModelConfig:
         return f"{self.kind} ({layers} × {self.d_model}{heads}, context {self.context})"
 
     def validate(self) -> ModelConfig:
-        _check(self.kind in MODEL_KINDS, f"unknown model '{self.kind}': choose one of {', '.join(MODEL_KINDS)}")
+        _check_types(self)
+        _check(self.kind in MODEL_KINDS, f"unknown model {shown(self.kind)}: choose one of {', '.join(MODEL_KINDS)}")
         _check(self.vocab_size >= 2, f"vocabulary size must be at least 2, got {self.vocab_size}")
         _check(1 <= self.n_layers <= 64, f"--layers must be between 1 and 64, got {self.n_layers}")
         _check(1 <= self.d_model <= 16384, f"--d-model must be between 1 and 16384, got {self.d_model}")
@@ -175,7 +219,7 @@ class ModelConfig:
             )
             _check(
                 self.positions in POSITIONS,
-                f"unknown --positions '{self.positions}': choose one of {', '.join(POSITIONS)}",
+                f"unknown --positions {shown(self.positions)}: choose one of {', '.join(POSITIONS)}",
             )
             head_dim = self.d_model // self.n_heads
             _check(
@@ -273,12 +317,13 @@ class TrainConfig:
         return self.steps < NO_STEP_LIMIT
 
     def validate(self) -> TrainConfig:
-        _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer '{self.tokenizer}': choose char or bpe")
+        _check_types(self)
+        _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer {shown(self.tokenizer)}: choose char or bpe")
         _check(
             self.tokenizer != "bpe" or 257 <= self.vocab_size <= 1_000_000,
             f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.vocab_size}",
         )
-        _check(self.optimizer in OPTIMIZERS, f"unknown --optimizer '{self.optimizer}': choose muon or adamw")
+        _check(self.optimizer in OPTIMIZERS, f"unknown --optimizer {shown(self.optimizer)}: choose muon or adamw")
         _check(0 < self.muon_lr < 10, f"--muon-lr must be positive and below 10, got {self.muon_lr}")
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
@@ -288,7 +333,7 @@ class TrainConfig:
             f"--batch-size must be at most {MAX_BATCH}, got {self.batch_size}: "
             "--grad-accum gives larger effective batches",
         )
-        _check(self.precision in PRECISIONS, f"unknown --precision '{self.precision}': choose auto, fp32 or bf16")
+        _check(self.precision in PRECISIONS, f"unknown --precision {shown(self.precision)}: choose auto, fp32 or bf16")
         _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
         _check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")
@@ -303,7 +348,7 @@ class TrainConfig:
         )
         _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
-        _check(self.device in DEVICES, f"unknown --device '{self.device}': choose auto, cpu or cuda")
+        _check(self.device in DEVICES, f"unknown --device {shown(self.device)}: choose auto, cpu or cuda")
         _check(self.sample_tokens >= 0, "--sample-tokens must be at least 0")
         check_seed(self.seed)
         return self
@@ -344,6 +389,7 @@ class SampleConfig:
     )
 
     def validate(self) -> SampleConfig:
+        _check_types(self)
         _check(
             isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100,
             f"temperature must be between 0 and 100, got {self.temperature}",
