@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from collections.abc import Callable, Iterable
 from itertools import chain
 
@@ -43,13 +44,24 @@ def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
+def _writable(c: str) -> bool:
+    """Not a lone surrogate, which no UTF-8 text decodes to and no terminal takes (but those of undecodable bytes,
+    as surrogateescape writes them: U+DC80 to U+DCFF)."""
+    return not "\ud800" <= c <= "\udfff" or "\udc80" <= c <= "\udcff"
+
+
 class CharTokenizer:
     """One token per Unicode code point; id = index in `chars`."""
 
     kind = "char"
 
     def __init__(self, chars: list[str]):
-        if not chars or len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+        if (
+            not isinstance(chars, list)
+            or not all(isinstance(c, str) and len(c) == 1 and _writable(c) for c in chars)
+            or not chars
+            or len(set(chars)) != len(chars)
+        ):
             raise ValueError("a char vocabulary must be a non-empty list of distinct single characters")
         self.chars = list(chars)
         cps = [ord(c) for c in self.chars]
@@ -165,7 +177,10 @@ class BPETokenizer:
 
     def __init__(self, tok: Tokenizer):
         self.tok = tok
-        self._bytes = [bytes(BYTE_DECODER[c] for c in tok.id_to_token(i)) for i in range(tok.get_vocab_size())]
+        try:  # id_to_token is None for an id the vocabulary skips
+            self._bytes = [bytes(BYTE_DECODER[c] for c in tok.id_to_token(i)) for i in range(tok.get_vocab_size())]
+        except (KeyError, TypeError):
+            raise ValueError("a BPE vocabulary must be byte-level tokens numbered from 0, without gaps") from None
 
     @classmethod
     def train(cls, chunks: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -214,13 +229,25 @@ class BPETokenizer:
 
 
 def tokenizer_from_json(s: str) -> CharTokenizer | BPETokenizer:
-    d = json.loads(s)
-    kind = d.get("kind")
+    """The tokenizer that to_json() wrote; for any other text, a ValueError that says in one line what is wrong."""
+    try:
+        d = json.loads(s)
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise ValueError(f"a tokenizer is JSON, and this is not ({type(e).__name__})") from None
+    kind = d.get("kind") if isinstance(d, dict) else None
     if kind == "char":
-        return CharTokenizer(d["chars"])
+        return CharTokenizer(d.get("chars"))
     if kind == "bpe":
-        return BPETokenizer(Tokenizer.from_str(json.dumps(d["tokenizer"])))
-    raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'char' or 'bpe')")
+        if not isinstance(d.get("tokenizer"), dict):
+            raise ValueError("a BPE tokenizer holds a Hugging Face tokenizer (a JSON object)")
+        try:
+            tok = Tokenizer.from_str(json.dumps(d["tokenizer"]))
+        except Exception as e:  # the Rust library's errors are plain Exceptions
+            raise ValueError(
+                f"not a Hugging Face tokenizer ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})"
+            ) from None
+        return BPETokenizer(tok)
+    raise ValueError(f"unknown tokenizer kind {reprlib.repr(kind)} (expected 'char' or 'bpe')")
 
 
 def _load_kind(s: str, cls: type):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import math
 import os
 import pickle
@@ -25,7 +26,7 @@ from charlm import checkpoint
 from charlm.checkpoint import CheckpointError, Corpus, Saved
 from charlm.config import ModelConfig, TrainConfig
 from charlm.models import build_model, count_params
-from charlm.tokenizer import CharTokenizer
+from charlm.tokenizer import CharTokenizer, tokenizer_from_json
 
 # ---- a tiny checkpoint, and ways to change it -----------------------------------------------------------
 
@@ -347,3 +348,39 @@ def test_a_run_in_a_directory_of_undecodable_bytes_still_reads(tiny, tmp_path):
     directory named b"run\\xff" writes run_name "run\\udcff"): a real checkpoint, not a damaged one."""
     ok = tampered(tiny, tmp_path / "ok.pt", run_name="run\udcff", corpus={"name": "c\udcfe.txt"})
     assert checkpoint.read_header(ok).run_name == "run\udcff"
+
+
+# ---- tokenizers --------------------------------------------------------------------------------------------
+
+
+TOKENIZERS = [
+        ("[]", "unknown tokenizer kind None"),  # AttributeError: 'list' object has no attribute 'get'
+        ('{"kind": "char", "chars": 5}', "a char vocabulary must be"),  # TypeError: 'int' object is not iterable
+        ('{"kind": "char", "chars": [1, 2]}', "a char vocabulary must be"),  # TypeError: len() of an int
+        ('{"kind": "char"}', "a char vocabulary must be"),  # KeyError: 'chars'
+        ('{"kind": "char", "chars": ["a", "\\ud800"]}', "a char vocabulary must be"),  # accepted; printing failed
+        ('{"kind": "bpe"}', "a BPE tokenizer holds a Hugging Face tokenizer"),  # KeyError: 'tokenizer'
+        ('{"kind": "bpe", "tokenizer": {}}', "not a Hugging Face tokenizer"),  # the library's bare Exception
+        ("[" * 100_000, "a tokenizer is JSON, and this is not (RecursionError)"),  # RecursionError
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, message", TOKENIZERS, ids=[t[:24] for t, _ in TOKENIZERS])
+def test_a_bad_tokenizer_is_a_value_error(text, message):
+    """Property tests: tokenizer_from_json raised AttributeError, TypeError, KeyError or the tokenizers
+    library's bare Exception on JSON that is not a tokenizer (a damaged token cache, data.prepare, was then an
+    "unexpected" error); it is a ValueError that says what is wrong."""
+    with pytest.raises(ValueError, match="") as e:
+        tokenizer_from_json(text)
+    assert type(e.value) is ValueError and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bpe_vocabulary_with_a_gap_is_a_value_error():
+    """A BPE vocabulary that skips an id (id_to_token is None there): TypeError building the token table."""
+    from charlm.tokenizer import BPETokenizer
+
+    tok = BPETokenizer.train(["abcabc abab"] * 20, vocab_size=260)
+    d = json.loads(tok.to_json())
+    d["tokenizer"]["model"]["vocab"] = {k: v + (v >= 100) for k, v in d["tokenizer"]["model"]["vocab"].items()}
+    with pytest.raises(ValueError, match="byte-level tokens numbered from 0, without gaps"):
+        tokenizer_from_json(json.dumps(d))
