@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig, flag_name
@@ -196,16 +197,58 @@ def describe(run: Path) -> dict:
     return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run
 
 
-def read_metrics(run: Path) -> list[dict]:
-    """The evaluations the trainer appended to run/metrics.jsonl, in order (a resumed run continues the file)."""
+@dataclass
+class Metrics:
+    """A run's evaluations, read from its metrics.jsonl, and the lines that were not one."""
+
+    path: Path
+    rows: list[dict]  # in order (a resumed run continues the file)
+    skipped: int = 0  # lines cut short by a crash, damaged on disk or edited by hand
+
+    @property
+    def note(self) -> str | None:
+        """The line to show when some lines were skipped."""
+        if not self.skipped:
+            return None
+        return f"skipped {self.skipped} unreadable line{'s' * (self.skipped > 1)} of {self.path}"
+
+
+# what the trainer writes on each line: a step, and the numbers plot and info draw
+METRICS = ("step", "train_loss", "val_loss", "val_bpc", "elapsed")
+
+
+def read_metrics(run: Path) -> Metrics:
+    """The evaluations the trainer appended to run/metrics.jsonl. A line that is not one (not UTF-8, not JSON,
+    not an object with a whole-number step and finite, non-negative numbers) is skipped and counted."""
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ConfigError(f"{path}, line {n}: not JSON; the file is damaged") from None
-    return rows
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    metrics = Metrics(path, [])
+    for line in lines:
+        if not line.strip():
+            continue
+        row = _evaluation(line)
+        if row is None:
+            metrics.skipped += 1
+        else:
+            metrics.rows.append(row)
+    return metrics
+
+
+def _evaluation(line: bytes) -> dict | None:
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if not isinstance(row, dict) or not all(k in row for k in METRICS):
+        return None
+    numbers = [row[k] for k in METRICS]
+    if not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in numbers
+    ):
+        return None
+    return row if isinstance(row["step"], int) else None

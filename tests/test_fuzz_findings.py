@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import cli, one_line_error
 
-from charlm import checkpoint
+from charlm import checkpoint, runs
 from charlm.checkpoint import CheckpointError, Corpus, Saved
 from charlm.config import ModelConfig, TrainConfig
 from charlm.models import build_model, count_params
@@ -384,3 +384,19 @@ def test_a_bpe_vocabulary_with_a_gap_is_a_value_error():
     d["tokenizer"]["model"]["vocab"] = {k: v + (v >= 100) for k, v in d["tokenizer"]["model"]["vocab"].items()}
     with pytest.raises(ValueError, match="byte-level tokens numbered from 0, without gaps"):
         tokenizer_from_json(json.dumps(d))
+
+
+# ---- metrics.jsonl ------------------------------------------------------------------------------------------
+
+
+def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
+    """Issue 20's defect: a metrics.jsonl ending in a torn or binary line made info and plot say "unexpected
+    UnicodeDecodeError ... please report it". read_metrics skips and counts what it cannot read."""
+    good = [{"step": s, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": s / 10} for s in (10, 20)]
+    lines = [json.dumps(r).encode() for r in good]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join([lines[0], b"\xff\xfe binary", lines[1], b'{"step": 3'][:4]))
+    m = runs.read_metrics(tmp_path)
+    assert m.rows == good and m.skipped == 2
+    assert m.note == f"skipped 2 unreadable lines of {tmp_path / 'metrics.jsonl'}"
+    r = cli("plot", tmp_path, "--json")
+    assert r.exit_code == 0 and [p["step"] for p in json.loads(r.stdout)[0]["evaluations"]] == [10, 20], r.output

@@ -39,7 +39,7 @@ def curves(paths: list[str], missing_ok: bool = False) -> dict[str, list[dict]]:
                 f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one"
             )
         try:
-            points = runs.read_metrics(d)
+            points = runs.read_metrics(d).rows
         except ConfigError:
             if missing_ok:
                 continue
