@@ -10,6 +10,7 @@ LSTM's state) so each new token costs one position, not a recompute of the whole
 from __future__ import annotations
 
 import codecs
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,11 +28,21 @@ from charlm.models.fast_decode import FastDecoder
 GREEDY_BELOW = 1e-4
 
 
+def _sane(logits: torch.Tensor) -> torch.Tensor:
+    """Logits that are not all numbers (a model with huge weights overflows): NaN has no mass, and the +inf
+    ones, if any, share all of it."""
+    logits = logits.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    if bool(torch.isposinf(logits).any()):
+        logits = torch.where(torch.isposinf(logits), 0.0, -math.inf)
+    return logits
+
+
 def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor | None = None) -> torch.Tensor:
     """logits (vocab,) -> the probabilities sample_next_token draws from (float32, summing to 1).
 
     Order: repetition penalty, temperature, top-k, top-p. Temperature 0 (or below GREEDY_BELOW) puts all
-    mass on the argmax.
+    mass on the argmax (torch's: NaN counts as the largest). Else NaN logits have no mass and +inf ones all
+    of it (_sane); all -inf: every token alike.
     """
     logits = logits.float()
     if s.repetition_penalty != 1.0 and history is not None and history.numel():
@@ -41,7 +52,12 @@ def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor 
         logits[history] = torch.where(seen > 0, seen / s.repetition_penalty, seen * s.repetition_penalty)
     if s.temperature < GREEDY_BELOW:
         return torch.zeros_like(logits).index_fill_(0, logits.argmax().view(1), 1.0)
-    logits = logits / s.temperature
+    top = logits.max()  # NaN if any logit is
+    if not math.isfinite(top):
+        logits = _sane(logits)
+        top = logits.max()
+    # the largest 0 before dividing (a logit of 1e38 / 0.5 would overflow to inf); all -inf: every token alike
+    logits = (logits - top if math.isfinite(top) else torch.zeros_like(logits)) / s.temperature
     if 0 < s.top_k < logits.numel():
         # scatter the k best back, rather than mask below the k-th value: ties there would keep more than k
         values, order = torch.topk(logits, s.top_k)
@@ -73,9 +89,13 @@ def sample_next_token(
     if on_cpu and s.plain(len(logits)):
         # the common case, softmax(logits / temperature), in numpy: half the time of the torch ops
         z = logits if isinstance(logits, np.ndarray) else logits.float().numpy()
-        probs = np.subtract(z, z.max(), dtype=np.float64)
-        probs *= 1.0 / s.temperature
-        np.exp(probs, out=probs)
+        top = z.max()  # NaN or inf: logits that are not all numbers, which sampling_probs sorts out
+        if math.isfinite(top):
+            probs = np.subtract(z, top, dtype=np.float64)
+            probs *= 1.0 / s.temperature
+            np.exp(probs, out=probs)
+        else:
+            probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
     else:
         probs = sampling_probs(torch.as_tensor(logits), s, history).cpu().numpy()
     cdf = probs.cumsum(dtype=np.float64)

@@ -15,6 +15,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from conftest import cli, one_line_error
 
 from charlm import checkpoint, runs
 from charlm.checkpoint import CheckpointError, Corpus, Saved
-from charlm.config import ModelConfig, TrainConfig
+from charlm.config import ModelConfig, SampleConfig, TrainConfig
+from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, count_params
 from charlm.tokenizer import CharTokenizer, tokenizer_from_json
 
@@ -400,3 +402,35 @@ def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
     assert m.note == f"skipped 2 unreadable lines of {tmp_path / 'metrics.jsonl'}"
     r = cli("plot", tmp_path, "--json")
     assert r.exit_code == 0 and [p["step"] for p in json.loads(r.stdout)[0]["evaluations"]] == [10, 20], r.output
+
+
+# ---- sampling -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "logits, wanted",
+    [
+        ([0.0, math.nan, 1.0, 0.0], {0, 2, 3}),  # NaN has no mass
+        ([0.0, math.inf, 1.0, math.inf], {1, 3}),  # the +inf ones share all of it
+        ([3e38, -3e38, 0.0, 1.0], {0}),  # finite, but 3e38 / 0.8 overflowed to inf: NaN probabilities
+        ([-math.inf, math.nan, -math.inf, -math.inf], {0, 1, 2, 3}),  # no token has any: every token alike
+    ],
+    ids=["nan", "inf", "huge", "none"],
+)
+@pytest.mark.parametrize(
+    "settings",
+    [SampleConfig(), SampleConfig(top_p=0.5), SampleConfig(top_k=2), SampleConfig(repetition_penalty=1.5)],
+    ids=["plain", "top-p", "top-k", "penalty"],
+)
+def test_logits_that_are_not_all_numbers_still_give_a_token(logits, wanted, settings):
+    """The sampler's property test: a model whose (finite) weights are huge overflows to inf or NaN logits. With top-p,
+    sample_next_token raised IndexError ("unexpected ... please report it" in sample and chat); elsewhere it
+    drew from NaN probabilities (any token, the last most often) with a RuntimeWarning on the terminal."""
+    logits = torch.tensor(logits)
+    probs = sampling_probs(logits, settings, torch.tensor([1, 2]))
+    assert abs(float(probs.sum()) - 1) < 1e-6 and set(torch.nonzero(probs).flatten().tolist()) <= wanted
+    generator = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = {sample_next_token(logits, settings, generator, torch.tensor([1, 2])) for _ in range(20)}
+    assert drawn <= wanted and all(probs[i] > 0 for i in drawn)
