@@ -113,7 +113,8 @@ class Saved:
         ]
         if missing:
             raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
-        if problem := _mistyped(data, TYPES) or _mistyped(data.get("corpus") or {}, CORPUS_TYPES, "corpus "):
+        corpus = data.get("corpus")
+        if problem := _mistyped(data, TYPES) or corpus and _mistyped(corpus, CORPUS_TYPES, "corpus ", required=True):
             raise CheckpointError(f"{path} is a damaged charlm checkpoint ({problem})")
         if (data["best_val_loss"] is None) != (data["best_val_bpc"] is None):
             raise CheckpointError(
@@ -216,10 +217,12 @@ AMOUNTS = {"train_seconds": 0, "best_val_loss": 0, "best_val_bpc": 0, "corpus ch
 # (a number out of range is no crash here, but it is further on: `charlm runs` rounds the seconds, and so on)
 
 
-def _mistyped(data: dict, types: dict, prefix: str = "") -> str | None:
+def _mistyped(data: dict, types: dict, prefix: str = "", required: bool = False) -> str | None:
     for name, allowed in types.items():
         value = data.get(name)
-        if value is not None and (not isinstance(value, allowed) or isinstance(value, bool) and bool not in allowed):
+        if value is None and not (required and name in data):  # "not there": a missing field is Corpus()'s error
+            continue
+        if not isinstance(value, allowed) or isinstance(value, bool) and bool not in allowed:
             return f"{prefix}{name} should be {' or '.join(t.__name__ for t in allowed)}, not {type(value).__name__}"
     return None
 
@@ -229,7 +232,7 @@ def _out_of_range(data: dict) -> str | None:
         part, _, key = name.rpartition(" ")
         return (data.get(part) or {}).get(key) if part else data.get(name)
 
-    finite = lambda x: isinstance(x, int) or math.isfinite(x)  # noqa: E731 - an int of 400 digits has no float
+    finite = lambda x: -(2**63) <= x < 2**63 if isinstance(x, int) else math.isfinite(x)  # noqa: E731
     for name, least in COUNTS.items():
         if (value := get(name)) is not None and not least <= value < 2**63:
             return f"{name} should be a whole number from {least} up, not {shown(value)}"
@@ -243,7 +246,7 @@ def _out_of_range(data: dict) -> str | None:
         if not isinstance(value, _NUMBER) or isinstance(value, bool):
             return f"metric {label} should be a number, not {type(value).__name__}"
         if not finite(value):
-            return f"metric {label} should be a finite number, not {value}"
+            return f"metric {label} should be a finite number, not {shown(value)}"
     if not all(isinstance(x, str) for x in data.get("weights_sha256") or []):
         return "weights_sha256 should be a list of digests"
     return None

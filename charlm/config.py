@@ -53,11 +53,16 @@ def _check(ok: bool, message: str) -> None:
 MAX_BITS = 10_000  # str() of a whole number of more than 4300 digits (14,000 bits) raises ValueError
 
 
+class _Shown(reprlib.Repr):
+    maxlevel = 3
+
+    def repr_int(self, x, level):
+        return f"a number of {x.bit_length()} bits" if x.bit_length() > MAX_BITS else super().repr_int(x, level)
+
+
 def shown(value) -> str:
     """A value in a message: short, on one line, whatever it holds (a checkpoint's config is outside data)."""
-    if isinstance(value, int) and value.bit_length() > MAX_BITS:
-        return f"a number of {value.bit_length()} bits"
-    return reprlib.repr(value)
+    return _Shown().repr(value)
 
 
 def _whole(x) -> bool:  # one that messages can print

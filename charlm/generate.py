@@ -66,7 +66,8 @@ def sampling_probs(logits: torch.Tensor, s: SampleConfig, history: torch.Tensor 
     if s.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         # keep a token while the tokens ranked above it have not reached top_p (so the first is always kept)
-        n_keep = int(((sorted_probs.cumsum(-1) - sorted_probs) < s.top_p).sum())
+        # (a top_p below float32's smallest, 1e-50, is 0 there: still the first)
+        n_keep = max(int(((sorted_probs.cumsum(-1) - sorted_probs) < s.top_p).sum()), 1)
         kept = sorted_probs[:n_keep]
         probs = torch.zeros_like(probs).scatter_(0, order[:n_keep], kept / kept.sum())
     return probs

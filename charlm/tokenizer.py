@@ -123,7 +123,7 @@ class CharTokenizer:
         return "".join([self.chars[i] for i in _as_list(ids)])
 
     def token_bytes(self, id: int) -> bytes:
-        return self.chars[id].encode("utf-8")
+        return self.chars[id].encode("utf-8", "surrogateescape")  # an undecodable byte's surrogate: the byte
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "chars": self.chars})
@@ -246,8 +246,22 @@ def tokenizer_from_json(s: str) -> CharTokenizer | BPETokenizer:
             raise ValueError(
                 f"not a Hugging Face tokenizer ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})"
             ) from None
-        return BPETokenizer(tok)
+        return _gives_back(BPETokenizer(tok))
     raise ValueError(f"unknown tokenizer kind {reprlib.repr(kind)} (expected 'char' or 'bpe')")
+
+
+# every ASCII character, and characters of 2, 3 and 4 UTF-8 bytes, among words, spaces and newlines
+_PROBE = "".join(map(chr, range(128))) + " héllo wörld  ß\n\n中文 😀x\t 1234 "
+
+
+def _gives_back(tok: BPETokenizer) -> BPETokenizer:
+    """A BPE tokenizer from JSON is charlm's byte-level one: every byte a token, and decode(encode(text)) == text
+    (a JSON without its decoder or pre-tokenizer loads, and garbles every text)."""
+    if len({b for b in tok._bytes if len(b) == 1}) < 256:
+        raise ValueError("a byte-level BPE vocabulary holds all 256 bytes, and this one does not")
+    if tok.decode(tok.encode(_PROBE)) != _PROBE:
+        raise ValueError("not a byte-level BPE tokenizer: it does not give back the text it encodes")
+    return tok
 
 
 def _load_kind(s: str, cls: type):

@@ -28,7 +28,7 @@ from charlm.checkpoint import CheckpointError, Corpus, Saved
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, count_params
-from charlm.tokenizer import CharTokenizer, tokenizer_from_json
+from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json
 
 # ---- a tiny checkpoint, and ways to change it -----------------------------------------------------------
 
@@ -321,6 +321,8 @@ VALUES = [
         (dict(corpus={"chars_per_token": 0.0}), "corpus chars_per_token should be a finite number of at least 1e-09"),
         (dict(metrics={"val_loss": math.nan}), "metric val_loss should be a finite number, not nan"),
         (dict(weights_sha256=[1, 2]), "weights_sha256 should be a list of digests"),
+        (dict(corpus={"name": None}), "corpus name should be str, not NoneType"),  # property test: accepted
+        (dict(corpus={"chars_per_token": None}), "corpus chars_per_token should be int or float, not NoneType"),
         (dict(model_config=None), "incomplete charlm checkpoint (missing model_config)"),  # AttributeError
         (dict(model=None), "incomplete charlm checkpoint (missing model)"),  # AttributeError
         (dict(model_config={"n_layers": 1.0}), "--layers must be a whole number, got 1.0"),  # TypeError in range()
@@ -343,6 +345,19 @@ def test_values_out_of_range_are_one_line_everywhere(tiny, tmp_path, changes, me
     one_line_error(cli("info", bad), message)
     r = cli("runs", run.parent)
     assert r.exit_code == 0 and "unreadable" in r.stdout, r.output
+
+
+def test_a_payload_alone_is_checked_without_the_tree_check(tiny):
+    """The payload property test calls Saved.from_payload alone (read_header's _check_tree, which refuses
+    numbers over 64 bits, comes before it): a 5000-digit number inside a config value, or as a metric, made
+    its message raise ValueError (reprlib.repr and str() of it)."""
+    data = torch.load(tiny, weights_only=True)
+    for changes in (
+        {"model_config": {**data["model_config"], "context": {"": 10**5000}}},
+        {"metrics": {"x": 10**5000}},
+    ):
+        with pytest.raises(CheckpointError, match="a number of 16610 bits"):
+            Saved.from_payload({**data, **changes}, tiny)
 
 
 def test_a_run_in_a_directory_of_undecodable_bytes_still_reads(tiny, tmp_path):
@@ -377,10 +392,30 @@ def test_a_bad_tokenizer_is_a_value_error(text, message):
     assert type(e.value) is ValueError and message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_char_of_an_undecodable_byte_has_its_byte():
+    """The tokenizer property test: a char vocabulary may hold surrogateescape's U+DC80-U+DCFF (they stay
+    allowed), but token_bytes raised UnicodeEncodeError for one: the streaming output of every token."""
+    tok = tokenizer_from_json(json.dumps({"kind": "char", "chars": ["a", "\udcff"]}))
+    assert tok.token_bytes(1) == b"\xff" and tok.decode([0, 1]) == "a\udcff"
+
+
+@pytest.mark.parametrize("drop", ["decoder", "pre_tokenizer", "byte"])
+def test_a_bpe_tokenizer_that_garbles_text_is_refused(drop):
+    """The tokenizer property test: a BPE JSON without its decoder (or pre-tokenizer) loaded, and gave back
+    "0 0" for "00"; one without a byte's token dropped that byte from every text. Both are refused now."""
+    d = json.loads(BPETokenizer.train(["abcabc abab"] * 20, vocab_size=260).to_json())
+    if drop == "byte":
+        del d["tokenizer"]["model"]["vocab"]["!"]
+        d["tokenizer"]["model"]["vocab"] = {k: i for i, k in enumerate(d["tokenizer"]["model"]["vocab"])}
+        d["tokenizer"]["model"]["merges"] = []
+    else:
+        d["tokenizer"][drop] = None
+    with pytest.raises(ValueError, match="all 256 bytes|does not give back the text it encodes"):
+        tokenizer_from_json(json.dumps(d))
+
+
 def test_a_bpe_vocabulary_with_a_gap_is_a_value_error():
     """A BPE vocabulary that skips an id (id_to_token is None there): TypeError building the token table."""
-    from charlm.tokenizer import BPETokenizer
-
     tok = BPETokenizer.train(["abcabc abab"] * 20, vocab_size=260)
     d = json.loads(tok.to_json())
     d["tokenizer"]["model"]["vocab"] = {k: v + (v >= 100) for k, v in d["tokenizer"]["model"]["vocab"].items()}
@@ -434,3 +469,12 @@ def test_logits_that_are_not_all_numbers_still_give_a_token(logits, wanted, sett
         warnings.simplefilter("error")
         drawn = {sample_next_token(logits, settings, generator, torch.tensor([1, 2])) for _ in range(20)}
     assert drawn <= wanted and all(probs[i] > 0 for i in drawn)
+
+
+def test_a_top_p_below_float32s_smallest_keeps_the_first_token(tiny):
+    """The sampler property test: a top_p of 1e-50 is valid (in (0, 1]) but 0 in float32, so no token was kept:
+    IndexError ("unexpected ... please report it" in `charlm sample --top-p 1e-50`)."""
+    probs = sampling_probs(torch.tensor([0.0, 1.0, 0.5]), SampleConfig(top_p=1e-50))
+    assert probs.tolist() == [0.0, 1.0, 0.0]
+    r = cli("sample", tiny, "-n", "3", "--top-p", "1e-50", "--seed", "0")
+    assert r.exit_code == 0, r.output
