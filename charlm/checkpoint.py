@@ -570,7 +570,8 @@ def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
     m = saved.model_config
     bad = f"{p} is an inconsistent charlm checkpoint: its weights do not match its config ({m.kind}, layers {m.n_layers}, d_model {m.d_model}"
     missing = sorted(expected.keys() - saved.model.keys())
-    extra = sorted(map(str, saved.model.keys() - expected.keys()))  # a crafted file's keys need not be strings
+    # a crafted file's keys need not be strings, short, or free of newlines: each shown on one line, short
+    extra = sorted(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in saved.model.keys() - expected.keys())
     if missing or extra:
         what = "; ".join(
             ([f"missing {', '.join(missing[:3])}"] if missing else [])

@@ -304,6 +304,19 @@ def test_an_entry_name_with_a_newline_is_one_line(tiny, tmp_path):
     assert "x\\ny fails its checksum" in refused(bad)
 
 
+def test_a_weight_name_with_a_newline_is_one_line(tiny, tmp_path):
+    """The fuzzer's (its 30-minute run on the final code): a state dict key "t\\neight" was printed as it was,
+    so the refusal "its weights do not match its config (... unexpected t / eight)" took two lines."""
+
+    def rename(data, tensors):
+        data["model"]["t\neight" + "x" * 500] = data["model"].pop("tok_emb.weight")
+
+    bad = crafted(tiny, tmp_path / "renamed.pt", rename)
+    message = refused(bad, "missing tok_emb.weight", "unexpected t\\neight")
+    assert len(message) < 400, message
+    one_line_error(cli("info", bad), "unexpected t\\neight")
+
+
 # ---- the payload's values ----------------------------------------------------------------------------------
 
 
