@@ -1123,6 +1123,13 @@ def compare(
 @click.argument("ckpt", required=False, type=click.Path(path_type=str))
 @click.option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(1, 100),
+    default=1,
+    show_default=True,
+    help="Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: experiment, settings, results, reading.")
 @click.option(
     "--out",
@@ -1137,7 +1144,7 @@ def compare(
     help="ablate: the text scored [default: the run's corpus.txt].",
 )
 @click.option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
-def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
+def lab(name, ckpt, quick, seed, seeds, as_json, out, device, text_file, plain):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
@@ -1162,6 +1169,7 @@ def lab(name, ckpt, quick, seed, as_json, out, device, text_file, plain):
             ckpt=ckpt,
             quick=quick,
             seed=seed,
+            seeds=seeds,
             device=device,
             out=out or LAB_DIR,
             text=text_file,

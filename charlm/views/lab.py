@@ -9,7 +9,8 @@ from rich.text import Text
 
 from charlm.views.plot import line_chart
 
-HIDDEN = ("run", "head_id")  # record keys the table leaves to --json (and the chart)
+HIDDEN = ("run", "head_id", "train_seconds")  # record keys the table leaves to --json (and the chart): a rerun
+# with the same seeds prints the same table, so no timings in it
 
 
 def _cell(v) -> str:
