@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import ConfigError
+from charlm.data import Batches, corpus_sha256, encode_corpus, load_tokens
 from charlm.lab.common import Chart, Clock, LabResult, load_run, record
 from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
 
@@ -24,18 +25,38 @@ DEFAULTS = dict(max_chars=8192, rows=16, units=8)
 QUICK = dict(max_chars=1024, rows=4, units=4)
 
 
-def _text(ck, text: str | None) -> tuple[str, str]:
-    path = Path(text) if text else ck.path.parent / "corpus.txt"
+def _ids(ck, text: str | None, max_chars: int) -> tuple[list[int], str]:
+    """The tokens to score and where they come from: --text FILE; else the run's own corpus.txt (lab runs
+    keep theirs); else the validation part of the corpus the checkpoint names, when that file is still
+    where the trainer read it and its sha256 still matches (the trainer's own split)."""
+    if text:
+        return _encode(ck, Path(text), max_chars), text
+    kept = ck.path.parent / "corpus.txt"
+    if kept.is_file():
+        return _encode(ck, kept, max_chars), str(kept)
+    corpus = ck.saved.corpus
+    if corpus is None or not corpus.path:
+        why = "it has no corpus.txt (only lab runs keep theirs) and does not record where its corpus was"
+    elif not Path(corpus.path).is_file():
+        why = f"it was trained on {corpus.path}, which is no longer there"
+    elif corpus_sha256(corpus.path) != corpus.sha256:
+        why = f"it was trained on {corpus.path}, which has changed since (another sha256)"
+    else:
+        tokens = load_tokens(encode_corpus(corpus.path, ck.tokenizer, sha256=corpus.sha256))
+        val = Batches(tokens, ck.model_config.context, ck.train_config.val_fraction).val
+        n = max(2, int(max_chars / corpus.chars_per_token))
+        return [int(i) for i in val[:n]], f"{corpus.path} (its validation part)"
+    raise ConfigError(f"no text to score {ck.path.parent}: {why}; give a text with --text FILE")
+
+
+def _encode(ck, path: Path, max_chars: int) -> list[int]:
     if not path.is_file():
-        raise ConfigError(
-            f"no text to score: {path} does not exist; give one with --text FILE"
-            if text
-            else f"{ck.path.parent} has no corpus.txt (only lab runs keep theirs): give a text with --text FILE"
-        )
+        raise ConfigError(f"no text to score: {path} does not exist; give one with --text FILE")
     try:
-        return path.read_text(encoding="utf-8"), str(path)
+        body = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"--text: {path} is not UTF-8 text") from None
+    return ck.tokenizer.encode(body[:max_chars], unknown="drop")
 
 
 @torch.no_grad()
@@ -102,8 +123,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     s = {**DEFAULTS, **settings}
     clock = Clock()
     ck = load_run(ckpt)
-    body, source = _text(ck, text)
-    ids = ck.tokenizer.encode(body[: s["max_chars"]], unknown="drop")
+    ids, source = _ids(ck, text, s["max_chars"])
     model, cfg = ck.model, ck.model_config
     rnn = not getattr(model, "has_attention", False)
     # an RNN reads each window from a fresh state, as the transformer reads its context: the same windows

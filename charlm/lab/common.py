@@ -283,21 +283,28 @@ def _values(values: list[float]) -> str:
 
 
 def family_reading(label: str, records: list[dict], key: str, good: float, near_chance: float) -> str:
-    """One sentence on one family's records (one per task size, over the seeds): where every seed scores
-    at least `good`, where every seed is at most `near_chance`, and every seed's value in between."""
+    """One sentence on one family's records (one per task size, over the seeds), size by size: where every
+    seed scores at least `good`, where every seed is at most `near_chance`, and every seed's value between."""
     sym = {"length": "N", "pairs": "P"}[key]
     K = len(per_seed(records[0]))
     every = f"in {K} of {K} seeds" if K > 1 else "(one seed)"
-    top = [r[key] for r in records if min(per_seed(r)) >= good]
-    low = [r[key] for r in records if max(per_seed(r)) <= near_chance]
-    rest = [r for r in records if r[key] not in top + low]
+    groups: list[tuple[str, list]] = []  # consecutive sizes of one kind: "top", "low", or a size's own values
+    for r in sorted(records, key=lambda r: r[key]):
+        values = per_seed(r)
+        kind = "top" if min(values) >= good else "low" if max(values) <= near_chance else _values(values)
+        if groups and groups[-1][0] == kind and kind in ("top", "low"):
+            groups[-1][1].append(r[key])
+        else:
+            groups.append((kind, [r[key]]))
     parts = []
-    if top:
-        parts.append(f"≥ {good:.0%} at {sym}={', '.join(map(str, top))} {every}")
-    if low:
-        parts.append(f"at chance (≤ {near_chance:.0%}) at {sym}={', '.join(map(str, low))} {every}")
-    for r in rest:
-        parts.append(f"{_values(per_seed(r))} at {sym}={r[key]}")
+    for kind, sizes in groups:
+        at = f"{sym}={', '.join(map(str, sizes))}"
+        if kind == "top":
+            parts.append(f"≥ {good:.0%} at {at} {every}")
+        elif kind == "low":
+            parts.append(f"at chance (≤ {near_chance:.0%}) at {at} {every}")
+        else:
+            parts.append(f"{kind} at {at}")
     return f"{label}: " + "; ".join(parts) + "."
 
 
