@@ -169,7 +169,15 @@ class Trainer:
     training and evaluation alike (data.Batches). They are the caller's to give again on a resume."""
 
     def __init__(
-        self, corpus, model_cfg: ModelConfig, cfg: TrainConfig, out_dir, resume=False, on_event=None, starts=None, mask=None
+        self,
+        corpus,
+        model_cfg: ModelConfig,
+        cfg: TrainConfig,
+        out_dir,
+        resume=False,
+        on_event=None,
+        starts=None,
+        mask=None,
     ):
         self.out_dir, self.cfg = Path(out_dir), cfg
         self.starts, self.mask = starts, mask  # a task posed example by example: see data.Batches
