@@ -5,8 +5,10 @@ repeat after its first letter.
 
 Every `every` steps the run pauses (the trainer's fit(until=...): the schedule does not change) and is
 measured on fresh lines: the loss on the repeat, and every head's scores on a probe of P random letters
-twice (heads.score_heads): the best previous-token score in layer 0 and the best induction score in
-the layers above. The two-layer circuit is a previous-token head whose output lets a head of layer 1
+twice (heads.score_heads, averaged over probes of several lengths P across the range of S, so that a head
+looking a fixed distance back cannot pass for an induction head): the best previous-token score in layer
+0 and the best induction score in the layers above. Where a curve turns is the interval in which it
+moves most (the loss falls most, the score rises most). The two-layer circuit is a previous-token head whose output lets a head of layer 1
 match the current letter against "the letter before" each earlier position: the loss falls when the
 induction head forms.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+
+import numpy as np
 
 from charlm.config import ModelConfig
 from charlm.lab import tasks
@@ -44,7 +48,8 @@ DEFAULTS = dict(
     train_chars=300_000,
     eval_examples=200,
 )
-QUICK = dict(steps=400, every=50, train_chars=60_000, eval_examples=100)
+QUICK = dict(segment=(6, 16), steps=500, every=25, lr=2e-3, train_chars=150_000, eval_examples=100)
+PROBES = 4  # probe sequences the heads' scores are averaged over, their lengths spread over the range of S
 
 
 def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=print, **settings) -> LabResult:
@@ -72,13 +77,14 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         )
         per = max(1, s["eval_examples"] // (hi - lo + 1))
         fresh = [e for S in range(lo, hi + 1) for e in tasks.examples("induction", S, per, seed_ + 10_000 + S)]
-        probe = probe_ids(trainer.tokenizer, hi, seed_)
+        periods = [lo + k * (hi - lo) // (PROBES - 1) for k in range(PROBES)]
+        probes = [(probe_ids(trainer.tokenizer, P, seed_ + k), P) for k, P in enumerate(periods)]
         curve = []
         for step in range(0, s["steps"] + 1, s["every"]):
             if step:
                 progress(f"training {name} (seed {seed_}): step {step} of {s['steps']}")
                 trainer.fit(until=step)
-            curve.append(measure(trainer.model, trainer.tokenizer, fresh, probe, hi, step, seed_))
+            curve.append(measure(trainer.model, trainer.tokenizer, fresh, probes, step, seed_))
         records += curve
         found.append(found_circuit(curve, seed_, str(out / name)))
         runs.append(str(out / name))
@@ -101,13 +107,22 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
     )
 
 
-def measure(model, tokenizer, fresh, probe: list[int], period: int, step: int, seed: int) -> dict:
-    """One point of the curves: the loss and accuracy on the repeats of fresh lines, and the heads' scores."""
+def measure(model, tokenizer, fresh, probes: list[tuple[list[int], int]], step: int, seed: int) -> dict:
+    """One point of the curves: the loss and accuracy on the repeats of fresh lines, and the heads' scores
+    (each head's mean over the probes: (ids, period))."""
     model.eval()
     acc, nats = scored(model, tokenizer, fresh)
-    _, weights = capture_attention(model, probe)  # (L, H, T, T)
+    scores = [score_heads(capture_attention(model, ids)[1], period) for ids, period in probes]
     model.train()
-    heads = score_heads(weights, period)
+    heads = [
+        {
+            "layer": h["layer"],
+            "head": h["head"],
+            "previous": float(np.mean([p[i]["previous"] for p in scores])),
+            "induction": float(np.mean([p[i]["induction"] for p in scores])),
+        }
+        for i, h in enumerate(scores[0])
+    ]
     prev = max((h for h in heads if h["layer"] == 0), key=lambda h: h["previous"])
     ind = max((h for h in heads if h["layer"] > 0), key=lambda h: h["induction"])
     return record(
@@ -122,18 +137,16 @@ def measure(model, tokenizer, fresh, probe: list[int], period: int, step: int, s
     )
 
 
-def _crossing(curve: list[dict], key: str, falling: bool) -> int | None:
-    """The first step at which `key` has gone at least halfway from its first value to its last."""
-    first, last = curve[0][key], curve[-1][key]
-    if abs(last - first) < 1e-9:
-        return None
-    mid = (first + last) / 2
-    return next(r["step"] for r in curve if (r[key] <= mid if falling else r[key] >= mid))
+def _turn(curve: list[dict], key: str, falling: bool) -> int:
+    """The step that ends the evaluation interval in which `key` moved most (fell most, or rose most)."""
+    sign = -1 if falling else 1
+    moves = [(sign * (b[key] - a[key]), b["step"]) for a, b in zip(curve, curve[1:])]
+    return max(moves)[1]
 
 
 def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
-    """Where one seed's curves turn: the loss's halfway step down and the scores' halfway steps up, and the
-    heads that hold the scores at the end."""
+    """Where one seed's curves turn (the interval of the steepest fall of the loss, of the steepest rise of
+    each score), and the heads that hold the scores at the end."""
     end = curve[-1]
     return {
         "seed": seed,
@@ -141,9 +154,9 @@ def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
         "loss_start": curve[0]["repeat_loss"],
         "loss_end": end["repeat_loss"],
         "accuracy_end": end["repeat_accuracy"],
-        "loss_drop_step": _crossing(curve, "repeat_loss", falling=True),
-        "induction_rise_step": _crossing(curve, "induction", falling=False),
-        "previous_rise_step": _crossing(curve, "previous", falling=False),
+        "loss_drop_step": _turn(curve, "repeat_loss", falling=True),
+        "induction_rise_step": _turn(curve, "induction", falling=False),
+        "previous_rise_step": _turn(curve, "previous", falling=False),
         "induction_head": end["induction_head"],
         "induction": end["induction"],
         "previous_head": end["previous_head"],
@@ -154,8 +167,9 @@ def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
 def reading(found: list[dict], s: dict, example: str) -> str:
     chance = math.log(len(tasks.LETTERS))
     parts = [
-        f"Loss on the repeat, in nats (guessing among {len(tasks.LETTERS)} letters: {chance:.2f}); scores on "
-        f"{s['segment'][1]} random letters repeated (uniform attention gives about {1 / s['segment'][1]:.2f})."
+        f"Loss on the repeat, in nats (guessing among {len(tasks.LETTERS)} letters: {chance:.2f}); head scores "
+        f"on random letters repeated ({s['segment'][0]} to {s['segment'][1]} of them; uniform attention gives "
+        f"about {2 / (s['segment'][0] + s['segment'][1]):.2f})."
     ]
     for f in found:
         formed = f["induction"] >= 0.3 and f["previous"] >= 0.3 and f["loss_end"] < chance / 2
@@ -166,18 +180,19 @@ def reading(found: list[dict], s: dict, example: str) -> str:
                 f"{f['previous']:.2f})."
             )
             continue
-        drop, rise = f["loss_drop_step"], f["induction_rise_step"]
+        drop, rise, every = f["loss_drop_step"], f["induction_rise_step"], s["every"]
         together = (
-            "in the same evaluation interval"
+            "in the same interval"
             if drop == rise
-            else f"{abs(drop - rise)} steps apart ({'the loss first' if drop < rise else 'the score first'})"
+            else f"{abs(drop - rise) // every} interval(s) {'later' if rise > drop else 'earlier'}"
         )
         parts.append(
             f"Seed {f['seed']}: the loss falls from {f['loss_start']:.2f} to {f['loss_end']:.2f} "
-            f"({f['accuracy_end']:.0%} of the repeat right), halfway by step {drop}; the induction score of "
-            f"{f['induction_head']} rises to {f['induction']:.2f}, halfway by step {rise}: {together}. "
-            f"Its partner {f['previous_head']} in layer 0 attends to the previous letter ({f['previous']:.2f}, "
-            f"halfway by step {f['previous_rise_step']})."
+            f"({f['accuracy_end']:.0%} of the repeat right), most steeply between steps {drop - every} and "
+            f"{drop}; the induction score of {f['induction_head']} rises most {together}, to "
+            f"{f['induction']:.2f} by the end. Layer 0's {f['previous_head']} attends to the previous letter "
+            f"({f['previous']:.2f}; its steepest rise ends at step {f['previous_rise_step']}): the previous-token "
+            "head that the induction head reads."
         )
     f = found[0]
     layer, head = f["induction_head"][1:].split("H")
