@@ -71,6 +71,7 @@ class Corpus:
     train_tokens: int
     val_tokens: int
     chars_per_token: float
+    path: str | None = None  # the absolute path the trainer read (None in checkpoints written before it was kept)
 
 
 @dataclass(kw_only=True)

@@ -642,6 +642,13 @@ def plot(run_dirs, y, x, width, height, as_json):
 @option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
 @option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
 @option(
+    "--seeds",
+    type=click.IntRange(1, 100),
+    default=1,
+    show_default=True,
+    help="Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.",
+)
+@option(
     "--out",
     type=click.Path(path_type=Path),
     help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].",
@@ -655,7 +662,7 @@ def plot(run_dirs, y, x, width, height, as_json):
 @option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
 @device_option
 @json_option
-def lab(name, ckpt, quick, seed, out, text_file, plain, device, as_json):
+def lab(name, ckpt, quick, seed, seeds, out, text_file, plain, device, as_json):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
@@ -676,7 +683,7 @@ def lab(name, ckpt, quick, seed, out, text_file, plain, device, as_json):
     status = err_console().status(f"lab {name}") if not as_json else nullcontext()
     with status:  # the progress line lives on stderr and goes away when the experiment ends
         result = run_experiment(
-            name, ckpt=ckpt, quick=quick, seed=seed, device=device, out=out or LAB_DIR, text=text_file,
+            name, ckpt=ckpt, quick=quick, seed=seed, seeds=seeds, device=device, out=out or LAB_DIR, text=text_file,
             progress=status.update if not as_json else (lambda message: None),
         )  # fmt: skip
     if as_json:

@@ -256,18 +256,46 @@ def prepare(
 
 @dataclass
 class Batches:
-    """Train/val split of a (memory-mapped) token array; samples random windows of context+1 tokens."""
+    """Train/val split of a (memory-mapped) token array; samples random windows of context+1 tokens.
+
+    Two optional arrays, aligned with the tokens, pose a task example by example (charlm lab):
+      starts  offsets where an example begins: windows begin there only (each row starts at an example)
+      mask    True where a token is a target to learn; y holds -1 at the others, which the loss ignores
+    With either, only windows that hold a target are drawn. Without both, nothing changes."""
 
     tokens: np.ndarray
     context: int
     val_fraction: float = 0.1
+    starts: np.ndarray | None = None
+    mask: np.ndarray | None = None
     train: np.ndarray = field(init=False, repr=False)
     val: np.ndarray = field(init=False, repr=False)
+    windows: dict | None = field(init=False, repr=False)  # split -> offsets a window may start at (aligned only)
 
     def __post_init__(self):
         n_val = int(len(self.tokens) * self.val_fraction)
         self.train = self.tokens[: len(self.tokens) - n_val]  # slices of a memmap stay memory-mapped
         self.val = self.tokens[len(self.tokens) - n_val :]
+        self.windows = None
+        if self.starts is not None or self.mask is not None:
+            if self.mask is not None and len(self.mask) != len(self.tokens):
+                raise CorpusError(f"the target mask has {len(self.mask)} entries for {len(self.tokens)} tokens")
+            cut = len(self.train)
+            self.windows = {"train": self._windows(0, cut), "val": self._windows(cut, len(self.tokens))}
+
+    def _windows(self, lo: int, hi: int) -> np.ndarray:
+        """Offsets (relative to the split tokens[lo:hi]) of windows that fit in it and hold a target."""
+        T = self.context
+        if self.starts is None:
+            offsets = np.arange(max(hi - lo - T, 0))
+        else:
+            starts = np.asarray(self.starts, dtype=np.int64)
+            offsets = starts[(starts >= lo) & (starts < hi)] - lo
+        offsets = offsets[offsets + T + 1 <= hi - lo]
+        if self.mask is not None:  # targets among tokens s+1 .. s+T of each window, from a running count
+            count = np.concatenate([[0], np.cumsum(np.asarray(self.mask[lo:hi], dtype=np.int64))])
+            offsets = offsets[count[offsets + T + 1] - count[offsets + 1] > 0]
+        return offsets
 
     def check(self) -> None:
         for name, data in (("training", self.train), ("validation", self.val)):
@@ -276,19 +304,33 @@ class Batches:
                     f"corpus too short: {len(data)} tokens of {name} text but --context is {self.context}; "
                     "use a smaller --context or a longer text"
                 )
+        for split, offsets in (self.windows or {}).items():
+            if len(offsets) == 0:
+                raise CorpusError(
+                    f"no window of {self.context + 1} tokens in the {split} split starts at an example and "
+                    "holds a target: use a larger --context or more examples"
+                )
 
     def get_batch(
         self, split: str, batch_size: int, generator: torch.Generator, device: str | torch.device = "cpu"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: int64 (B, context); y is x shifted left by one token."""
+        """x, y: int64 (B, context); y is x shifted left by one token (-1 where the mask says: no target)."""
         import torch  # (here, not at the top: the commands that only read files never load torch)
 
         data = {"train": self.train, "val": self.val}[split]
         T = self.context
         # offsets come from the torch generator, so restoring its state replays the exact batches
-        ix = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
+        if self.windows is None:
+            ix = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
+        else:
+            offsets = self.windows[split]
+            ix = offsets[torch.randint(len(offsets), (batch_size,), generator=generator).numpy()].tolist()
         w = torch.from_numpy(np.stack([data[i : i + T + 1] for i in ix]).astype(np.int64))  # (B, T+1)
         x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        if self.mask is not None:
+            mask = self.mask[: len(self.train)] if split == "train" else self.mask[len(self.train) :]
+            keep = torch.from_numpy(np.stack([mask[i + 1 : i + T + 1] for i in ix]).astype(bool))
+            y = y.masked_fill(~keep, -1)
         if torch.device(device).type == "cuda":
             # pinned memory lets the copy overlap with compute
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -166,10 +166,23 @@ def evaluate(
 
 class Trainer:
     """One training run: set up from a corpus (or from out_dir/last.pt when resuming), then fit().
-    The configs are taken as given (the CLI validated them); the caller's objects are never changed."""
+    The configs are taken as given (the CLI validated them); the caller's objects are never changed.
+    starts, mask (token-aligned, optional): windows begin at examples, the loss covers only the targets, in
+    training and evaluation alike (data.Batches). They are the caller's to give again on a resume."""
 
-    def __init__(self, corpus, model_cfg: ModelConfig, cfg: TrainConfig, out_dir, resume=False, on_event=None):
+    def __init__(
+        self,
+        corpus,
+        model_cfg: ModelConfig,
+        cfg: TrainConfig,
+        out_dir,
+        resume=False,
+        on_event=None,
+        starts=None,
+        mask=None,
+    ):
         self.out_dir, self.cfg = Path(out_dir), cfg
+        self.starts, self.mask = starts, mask  # a task posed example by example: see data.Batches
         self.on_event = on_event or (lambda event: None)
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
@@ -224,11 +237,16 @@ class Trainer:
             raise CorpusError(f"{corpus} holds a single distinct character: there is nothing to learn from it")
         self.model_cfg = replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
         self.batches = Batches(
-            load_tokens(tokens_path), context=self.model_cfg.context, val_fraction=self.cfg.val_fraction
+            load_tokens(tokens_path),
+            context=self.model_cfg.context,
+            val_fraction=self.cfg.val_fraction,
+            starts=self.starts,
+            mask=self.mask,
         )
         self.batches.check()
         self.corpus = Corpus(
             name=Path(corpus).name,
+            path=str(Path(corpus).resolve()),
             sha256=corpus_sha,
             train_tokens=len(self.batches.train),
             val_tokens=len(self.batches.val),

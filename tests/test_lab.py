@@ -1,5 +1,7 @@
 """charlm lab: each experiment at --quick size through the CLI, checked against what is known to be true at
-that size (not merely that it ran). The copy run's models are shared: heads and ablate read them."""
+that size (not merely that it ran), with thresholds where the results sit on a plateau (≈100% against
+chance), tried on several seeds (benchmarks/notes-lab.md). The copy run's models are shared: heads and
+ablate read them."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import cli, one_line_error
 
 from charlm.cli import main
 from charlm.lab import EXPERIMENTS
@@ -16,8 +19,7 @@ from charlm.lab.heads import score_heads
 
 
 def lab(*args: str, out=None) -> dict:
-    """The thresholds below were measured in float32 on a CPU, so the experiments run there on any machine
-    (a GPU's bf16 autocast moves the numbers: the copy test's 0.95 became 0.94 on an H100)."""
+    """On the CPU on any machine (where --precision auto may pick bf16: the thresholds leave room for it)."""
     extra = ["--out", str(out)] if out is not None else []
     result = CliRunner().invoke(main, ["lab", *args, "--quick", "--json", "--device", "cpu", *extra])
     assert result.exit_code == 0, result.output
@@ -26,7 +28,7 @@ def lab(*args: str, out=None) -> dict:
 
 @pytest.fixture(scope="module")
 def copy_result(tmp_path_factory):
-    """charlm lab copy --quick: a 1-layer Transformer and a same-size LSTM trained on copying 16 symbols."""
+    """charlm lab copy --quick: a 2-layer Transformer and a same-size LSTM trained on copying 16 symbols."""
     root = tmp_path_factory.mktemp("lab")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHARLM_CACHE", str(root / "cache"))
@@ -38,7 +40,7 @@ def test_lab_alone_lists_every_experiment():
     assert result.exit_code == 0
     for name, summary in EXPERIMENTS.items():
         assert name in result.output and summary[:30] in result.output
-    assert set(EXPERIMENTS) == {"copy", "recall", "cost", "heads", "ablate", "positions"}
+    assert set(EXPERIMENTS) == {"copy", "recall", "capacity", "induction", "cost", "heads", "ablate", "positions"}
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,7 @@ def test_lab_alone_lists_every_experiment():
         (["nope"], "unknown experiment 'nope'"),
         (["heads"], "takes a checkpoint"),
         (["copy", "some/run"], "takes no checkpoint"),
+        (["cost", "--seeds", "2"], "--seeds is for the experiments that train models"),
     ],
 )
 def test_wrong_use_is_one_line(args, message):
@@ -57,13 +60,15 @@ def test_wrong_use_is_one_line(args, message):
 
 def test_copy_attention_copies_where_the_same_size_lstm_cannot(copy_result):
     acc = {r["model"]: r["accuracy"] for r in copy_result["results"]}
-    assert acc["transformer"] >= 0.95 and acc["lstm"] <= 0.5
+    # measured: Transformer 100% (seeds 0-2; bf16 too), the LSTM 34% (seed 0), 10% is chance
+    assert acc["transformer"] >= 0.9 and acc["lstm"] <= 0.6
     params = {r["model"]: r["params"] for r in copy_result["results"]}
     assert abs(params["lstm"] - params["transformer"]) / params["transformer"] < 0.15  # about the same size
     head = copy_result["details"]["copy_head"]
-    assert head["weight"] >= 0.5  # one head looks N tokens back: the offset diagonal
+    assert head["weight"] >= 0.5  # one head looks at the symbol to copy: the offset diagonal
     reading = copy_result["reading"]
-    assert f"{acc['transformer']:.0%}" in reading and "N=16" in reading
+    assert "N=16" in reading and "Attention wins wherever the two differ" in reading
+    assert "Contrary to the textbook" not in reading
 
 
 def test_lab_models_are_normal_runs(copy_result):
@@ -124,12 +129,15 @@ def test_heads_on_the_copy_model_finds_the_copy_head(copy_result):
 def test_ablate_knocking_out_the_copy_head_undoes_the_copying(copy_result):
     out = lab("ablate", copy_result["details"]["transformer_run"])
     head = copy_result["details"]["copy_head"]
-    assert all(abs(r["damage"]) > 0.01 for r in out["results"])  # every head changes bits/char
-    copy = next(r for r in out["results"] if (r["layer"], r["part"]) == (head["layer"], f"head {head['head']}"))
-    # half of each line is copied: losing the copy costs those characters ~log2(10) bits each, ~1.5 bits/char
-    assert copy["damage"] > 0.5
+    # scored as trained: the copied half only. Intact the model copies (~0 bits a character); the copy is a
+    # circuit of both layers (a head finding the position, the copy head reading it): knocking out one of its
+    # heads costs a good share of the log2(10) = 3.3 bits of a guess (measured: 0.67 L0H0, 0.22 the copy
+    # head L1H0, 0.02 and 0.001 the others)
+    assert out["settings"]["text"].endswith("(the characters its task determines)")
+    assert out["settings"]["baseline_bits_per_char"] < 0.1
+    assert out["results"][0]["damage"] > 0.3
+    assert sum(r["damage"] for r in out["results"] if r["layer"] == head["layer"]) > 0.05
     assert [r["rank"] for r in out["results"]] == list(range(1, len(out["results"]) + 1))
-    assert out["settings"]["baseline_bits_per_char"] < math.log2(12)
 
 
 def test_ablate_clamps_every_gate_of_the_lstm(copy_result):
@@ -171,7 +179,7 @@ def test_recall_scores_fresh_questions(tmp_path):
     acc = {r["model"]: r["accuracy"] for r in out["results"]}
     assert set(acc) == {"transformer", "lstm"} and out["settings"]["pairs"] == [2]
     assert acc["lstm"] >= 0.4  # two pairs fit in a small LSTM's state: well above guessing (10%)
-    assert f"{acc['lstm']:.0%} at P=2" in out["reading"] and "Guessing gives 10%" in out["reading"]
+    assert f"{acc['lstm']:.0%} at P=2" in out["reading"] and "guessing gives 10%" in out["reading"]
 
 
 def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
@@ -212,3 +220,96 @@ def test_trace_rnn_intervention_on_a_gru():
     with torch.no_grad():
         held = trace_rnn(gru, torch.randn(2, 5, 4), intervene=clamp(0, "update", 1.0))
     assert torch.all(held[0].h == 0)  # update gate 1: keep the old (zero) state at every step
+
+
+def test_seeds_show_every_value_and_the_same_seeds_give_the_same_table(tmp_path):
+    from charlm.lab import capacity
+
+    tiny = dict(hidden=(8,), longest=3, grid=(1, 3), steps=40, train_chars=4000, eval_examples=20)
+    first = capacity.run(tmp_path / "a", seed=5, seeds=2, progress=lambda m: None, **tiny)
+    again = capacity.run(tmp_path / "b", seed=5, seeds=2, progress=lambda m: None, **tiny)
+    assert first.results == again.results and first.reading == again.reading  # bit for bit: the trainer is seeded
+    for r in first.results:
+        assert len(r["per_seed"]) == 2 and r["lowest"] == min(r["per_seed"])
+        assert r["accuracy"] == pytest.approx(sum(r["per_seed"]) / 2, abs=1e-3)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["capacity-lstm-h8-s5", "capacity-lstm-h8-s6"]
+    other = capacity.run(tmp_path / "c", seed=6, seeds=1, progress=lambda m: None, **tiny)
+    assert [r["accuracy"] for r in other.results] == [r["per_seed"][1] for r in first.results]  # seed 6 is seed 6
+
+
+def test_capacity_a_larger_state_copies_longer(tmp_path):
+    out = lab("capacity", out=tmp_path / "runs")
+    small, large = out["details"]["summary"]
+    assert (small["hidden"], large["hidden"]) == (8, 64)
+    acc = {(r["hidden"], r["length"]): r["accuracy"] for r in out["results"]}
+    # measured (seeds 0-2): 64 units copy N=1, 2 perfectly; 8 units never reach 90%, and both fall with N
+    assert acc[(64, 1)] >= 0.9 and acc[(64, 2)] >= 0.9 and large["copies_up_to"] >= 2
+    assert small["copies_up_to"] < large["copies_up_to"] and large["bits_copied"] > 3 * small["bits_copied"]
+    assert acc[(64, 16)] < acc[(64, 1)] - 0.3 and acc[(8, 16)] < 0.35
+    assert all(r["bits_needed"] == pytest.approx(r["length"] * math.log2(10), abs=1e-3) for r in out["results"])
+    assert "grows with the state" in out["reading"]
+
+
+def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
+    out = lab("induction", out=tmp_path / "runs")
+    curve = out["results"]
+    start, end = curve[0], curve[-1]
+    assert start["repeat_loss"] > 3.5  # ln 52 = 3.95: guessing at first
+    assert end["repeat_loss"] < 1.0 and end["repeat_accuracy"] > 0.8  # the repeat is found
+    # no head does either at the start; at the end a layer-0 head looks at the previous letter and a layer-1
+    # head at the letter after the current one's last occurrence
+    assert start["previous"] < 0.25 and start["induction"] < 0.25
+    assert end["previous"] >= 0.3 and end["induction"] >= 0.3
+    circuit = out["details"]["circuits"][0]
+    assert circuit["previous_head"].startswith("L0") and circuit["induction_head"].startswith("L1")
+    run = out["runs"][0]
+    layer, head = circuit["induction_head"][1:].split("H")
+    assert f"charlm attn {run} -p " in out["reading"] and f"--layer {layer} --head {head}" in out["reading"]
+    result = CliRunner().invoke(
+        main,
+        ["attn", run, "-p", out["details"]["example"], "--layer", layer, "--head", head, "--ascii", "--width", "100"],
+    )
+    assert result.exit_code == 0, result.output
+
+
+def _tiny_run(root, text: str):
+    """A tiny ordinary run (no corpus.txt in its directory) trained on root/corpus.txt."""
+    from charlm.config import ModelConfig, TrainConfig
+    from charlm.train import Trainer
+
+    corpus = root / "corpus" / "speech.txt"
+    corpus.parent.mkdir(parents=True)
+    corpus.write_text(text, encoding="utf-8")
+    train = TrainConfig(steps=3, batch_size=4, warmup=1, eval_interval=3, eval_iters=1, sample_tokens=0, device="cpu")
+    Trainer(corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), train, root / "run").fit()
+    return corpus, root / "run"
+
+
+def test_ablate_scores_an_ordinary_run_on_the_validation_part_of_its_corpus(tmp_path):
+    from charlm import checkpoint
+    from charlm.data import Batches, load_tokens, prepare
+    from charlm.lab.ablate import _ids
+
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
+    corpus, run = _tiny_run(tmp_path, text)
+    out = lab("ablate", str(run))
+    assert out["settings"]["text"] == f"{corpus.resolve()} (its validation part)"
+    _, tokens, _ = prepare(corpus, "char", None)
+    val = Batches(load_tokens(tokens), context=16, val_fraction=0.1).val
+    scored = _ids(checkpoint.load(run), None, 500)
+    assert (
+        scored.ids == [int(i) for i in val[:500]] and scored.mask is None
+    )  # the trainer's own split, its validation part first
+
+
+@pytest.mark.parametrize("change", ["moved", "edited"])
+def test_ablate_without_its_corpus_says_what_to_do(tmp_path, change):
+    corpus, run = _tiny_run(tmp_path, "".join(f"line {i}: a tiny speech\n" for i in range(300)))
+    if change == "moved":
+        corpus.rename(tmp_path / "elsewhere.txt")
+        why = "which is no longer there"
+    else:
+        corpus.write_text(corpus.read_text() + "one more line\n", encoding="utf-8")
+        why = "which has changed since"
+    err = one_line_error(cli("lab", "ablate", run, "--quick"), why, "give a text with --text FILE")
+    assert str(corpus.resolve()) in err

@@ -17,13 +17,16 @@ __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"
 
 EXPERIMENTS = {
     "copy": "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not",
-    "recall": "associative recall: key-value pairs, then a key; accuracy against the number of pairs",
+    "recall": "associative recall: key-value pairs, then every key; accuracy against the number of pairs",
+    "capacity": "copy against N for LSTMs of several sizes: the fixed state's limit, in bits",
+    "induction": "the phase change: loss on a repeated segment and the heads' induction score, step by step",
     "cost": "time per generated token and per training step as the context grows, with fitted exponents",
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
     "positions": "RoPE, learned and sinusoidal positions: bits/char inside and beyond the training context",
 }
 NEEDS_CKPT = ("heads", "ablate")
+SEEDED = ("copy", "recall", "capacity", "induction")  # the ones that train models: --seeds K trains K per cell
 
 
 def run_experiment(
@@ -32,6 +35,7 @@ def run_experiment(
     ckpt: str | None = None,
     quick: bool = False,
     seed: int = 0,
+    seeds: int = 1,
     device: str = "cpu",
     out: Path = LAB_DIR,
     text: str | None = None,
@@ -45,9 +49,12 @@ def run_experiment(
             if name in NEEDS_CKPT
             else f"charlm lab {name} takes no checkpoint (it trains its own models)"
         )
+    if seeds != 1 and name not in SEEDED:
+        raise ConfigError(f"--seeds is for the experiments that train models ({', '.join(SEEDED)}), not {name}")
     module = importlib.import_module(f"charlm.lab.{name}")
     settings = module.QUICK if quick else {}
     with one_thread():  # lab models are small: a second thread only waits, the more so on a busy CPU
         if name in NEEDS_CKPT:
             return module.run(ckpt, seed=seed, text=text, progress=progress, **settings)
-        return module.run(Path(out), seed=seed, device=device, progress=progress, **settings)
+        extra = {"seeds": seeds} if name in SEEDED else {}
+        return module.run(Path(out), seed=seed, device=device, progress=progress, **extra, **settings)

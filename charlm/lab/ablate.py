@@ -10,6 +10,7 @@ open"), or zero units of a layer's hidden state, through the step-by-step recomp
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,30 +18,71 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import ConfigError
-from charlm.lab.common import Chart, Clock, LabResult, load_run, record
+from charlm.data import Batches, corpus_sha256, encode_corpus, load_tokens
+from charlm.lab.common import TARGETS, Chart, Clock, LabResult, load_run, record
 from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
 
 DEFAULTS = dict(max_chars=8192, rows=16, units=8)
 QUICK = dict(max_chars=1024, rows=4, units=4)
 
 
-def _text(ck, text: str | None) -> tuple[str, str]:
-    path = Path(text) if text else ck.path.parent / "corpus.txt"
+@dataclass
+class Scored:
+    """The text an ablation scores: its tokens, where they come from, and for a lab run the positions its task
+    determines (mask) and where its examples begin (starts): scored as the run was trained, nothing else."""
+
+    ids: list[int]
+    source: str
+    mask: np.ndarray | None = None
+    starts: list[int] | None = None
+
+
+def _ids(ck, text: str | None, max_chars: int) -> Scored:
+    """The tokens to score and where they come from: --text FILE; else the run's own corpus.txt (lab runs
+    keep theirs, with the task's targets); else the validation part of the corpus the checkpoint names, when
+    that file is still where the trainer read it and its sha256 still matches (the trainer's own split)."""
+    if text:
+        return Scored(_encode(ck, Path(text), max_chars), text)
+    kept = ck.path.parent / "corpus.txt"
+    if kept.is_file():
+        ids = _encode(ck, kept, max_chars)
+        targets = kept.parent / TARGETS
+        if targets.is_file() and ck.tokenizer.kind == "char":  # a lab run: one token a character
+            mask = np.load(targets, allow_pickle=False)[: len(ids)]
+            newline = ck.tokenizer.encode("\n")
+            starts = [i for i, t in enumerate(ids) if [t] == newline]
+            if len(mask) == len(ids) and mask.dtype == bool and starts:
+                return Scored(ids, f"{kept} (the characters its task determines)", mask, starts)
+        return Scored(ids, str(kept))
+    corpus = ck.saved.corpus
+    if corpus is None or not corpus.path:
+        why = "it has no corpus.txt (only lab runs keep theirs) and does not record where its corpus was"
+    elif not Path(corpus.path).is_file():
+        why = f"it was trained on {corpus.path}, which is no longer there"
+    elif corpus_sha256(corpus.path) != corpus.sha256:
+        why = f"it was trained on {corpus.path}, which has changed since (another sha256)"
+    else:
+        tokens = load_tokens(encode_corpus(corpus.path, ck.tokenizer, sha256=corpus.sha256))
+        val = Batches(tokens, ck.model_config.context, ck.train_config.val_fraction).val
+        n = max(2, int(max_chars / corpus.chars_per_token))
+        return Scored([int(i) for i in val[:n]], f"{corpus.path} (its validation part)")
+    raise ConfigError(f"no text to score {ck.path.parent}: {why}; give a text with --text FILE")
+
+
+def _encode(ck, path: Path, max_chars: int) -> list[int]:
     if not path.is_file():
-        raise ConfigError(
-            f"no text to score: {path} does not exist; give one with --text FILE"
-            if text
-            else f"{ck.path.parent} has no corpus.txt (only lab runs keep theirs): give a text with --text FILE"
-        )
+        raise ConfigError(f"no text to score: {path} does not exist; give one with --text FILE")
     try:
-        return path.read_text(encoding="utf-8"), str(path)
+        body = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"--text: {path} is not UTF-8 text") from None
+    return ck.tokenizer.encode(body[:max_chars], unknown="drop")
 
 
 @torch.no_grad()
-def head_knockouts(model, ids: torch.Tensor) -> list[tuple[int, int, float]]:
-    """(layer, head, nats per token) with each head knocked out in turn; ids (B, T + 1)."""
+def head_knockouts(model, ids: torch.Tensor, keep: torch.Tensor | None = None) -> list[tuple[int, int, float]]:
+    """(layer, head, nats per token) with each head knocked out in turn; ids (B, T + 1), keep: the targets
+    scored (B, T; None: all)."""
     H = model.cfg.n_heads
     hs = model.cfg.d_model // H
     out = []
@@ -54,21 +96,22 @@ def head_knockouts(model, ids: torch.Tensor) -> list[tuple[int, int, float]]:
 
             hook = block.attn.proj.register_forward_pre_hook(zero_head)
             try:
-                out.append((layer, head, _nats(model(ids[:, :-1])[0], ids)))
+                out.append((layer, head, _nats(model(ids[:, :-1])[0], ids, keep)))
             finally:
                 hook.remove()
     return out
 
 
-def _nats(logits: torch.Tensor, ids: torch.Tensor) -> float:
-    return float(F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)))
+def _nats(logits: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor | None = None) -> float:
+    nats = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
+    return float(nats.mean() if keep is None else nats[keep.reshape(-1)].mean())
 
 
 @torch.no_grad()
-def rnn_nats(model, ids: torch.Tensor, intervene=None) -> float:
+def rnn_nats(model, ids: torch.Tensor, intervene=None, keep: torch.Tensor | None = None) -> float:
     """Nats per token of an LSTM/GRU reading ids (B, T + 1) from a fresh state, with an intervention."""
     h = trace_model(model, ids[:, :-1], intervene)[-1].h  # (B, T, hidden)
-    return _nats(model.head(h), ids)
+    return _nats(model.head(h), ids, keep)
 
 
 def clamp(layer: int, name: str, value: float):
@@ -89,12 +132,22 @@ def zero_units(layer: int, units: list[int]):
     return intervene
 
 
-def _rows(ids: list[int], rows: int, context: int) -> torch.Tensor:
-    """The text cut into `rows` windows of equal length (at most context + 1 tokens each)."""
+def _rows(text: Scored, rows: int, context: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The text cut into `rows` windows of equal length (at most context + 1 tokens each), and which of their
+    targets are scored (None: all). A lab run's windows begin where its examples do, as in training."""
+    ids = text.ids
+    if text.mask is not None:
+        T = context + 1
+        starts = [i for i in text.starts if i + T <= len(ids)][:rows]
+        if starts:
+            x = torch.tensor(np.stack([ids[i : i + T] for i in starts]))
+            keep = torch.from_numpy(np.stack([text.mask[i + 1 : i + T] for i in starts]))
+            if keep.any():
+                return x, keep
     T = min(context + 1, len(ids) // rows)
     if T < 2:
         raise ConfigError(f"the text is too short to score: {len(ids)} tokens for {rows} windows")
-    return torch.tensor(np.asarray(ids[: rows * T]).reshape(rows, T))
+    return torch.tensor(np.asarray(ids[: rows * T]).reshape(rows, T)), None
 
 
 @torch.no_grad()
@@ -102,27 +155,27 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     s = {**DEFAULTS, **settings}
     clock = Clock()
     ck = load_run(ckpt)
-    body, source = _text(ck, text)
-    ids = ck.tokenizer.encode(body[: s["max_chars"]], unknown="drop")
+    scored = _ids(ck, text, s["max_chars"])
     model, cfg = ck.model, ck.model_config
     rnn = "gates" in model.capabilities
     # an RNN reads each window from a fresh state, as the transformer reads its context: the same windows
-    x = _rows(ids, s["rows"], cfg.context if not rnn else 256)
-    chars = len(ck.tokenizer.decode(x[:, 1:].reshape(-1).tolist()))
-    tokens = x[:, 1:].numel()
+    x, keep = _rows(scored, s["rows"], cfg.context if not rnn or scored.mask is not None else 256)
+    targets = x[:, 1:] if keep is None else x[:, 1:][keep]
+    chars = len(ck.tokenizer.decode(targets.reshape(-1).tolist()))
+    tokens = targets.numel()
 
     def bpc(nats: float) -> float:
         return nats * tokens / chars / math.log(2)
 
     records = []
     if not rnn:
-        base = bpc(_nats(model(x[:, :-1])[0], x))
-        for layer, head, nats in head_knockouts(model, x):
+        base = bpc(_nats(model(x[:, :-1])[0], x, keep))
+        for layer, head, nats in head_knockouts(model, x, keep):
             records.append(
                 record(layer=layer, part=f"head {head}", value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
             )
     else:
-        base = bpc(rnn_nats(model, x))
+        base = bpc(rnn_nats(model, x, keep=keep))
         gates = LSTM_GATES if cfg.kind == "lstm" else GRU_GATES
         trace = trace_model(model, x[:, :-1])
         gen = np.random.default_rng(seed)
@@ -130,7 +183,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
             progress(f"ablating layer {layer} of {cfg.n_layers}")
             for name in gates:
                 for value in (0.0, 1.0):
-                    nats = rnn_nats(model, x, clamp(layer, name, value))
+                    nats = rnn_nats(model, x, clamp(layer, name, value), keep)
                     records.append(
                         record(layer=layer, part=name, value=value, bits_per_char=bpc(nats), damage=bpc(nats) - base)
                     )
@@ -138,7 +191,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
             busy = [int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]]
             calm = [int(u) for u in gen.choice(cfg.d_model, s["units"], replace=False)]
             for label, units in ((f"{s['units']} busiest units", busy), (f"{s['units']} random units", calm)):
-                nats = rnn_nats(model, x, zero_units(layer, units))
+                nats = rnn_nats(model, x, zero_units(layer, units), keep)
                 records.append(
                     record(layer=layer, part=label, value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
                 )
@@ -148,7 +201,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     settings_out = {
         **s,
         "checkpoint": str(ck.path),
-        "text": source,
+        "text": scored.source,
         "model": cfg.kind,
         "tokens": tokens,
         "baseline_bits_per_char": round(base, 4),

@@ -1,26 +1,38 @@
 """What every lab experiment shares: its result record, training a model with the real trainer on a
-synthetic text (a normal run directory that chat, attn, gates and compare open), and scoring it.
+synthetic task (a normal run directory that chat, attn, gates and compare open), and scoring it.
 
-The coupling to the trainer and the checkpoint format lives here and nowhere else in charlm.lab.
+A lab model learns the task as it is posed: every training window starts at an example, and the loss
+covers only the characters the example determines (tasks.TaskText, data.Batches). The coupling to the
+trainer and the checkpoint format lives here and nowhere else in charlm.lab.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from charlm import checkpoint
 from charlm.config import ModelConfig, TrainConfig
-from charlm.lab.tasks import Example
+from charlm.lab import tasks
+from charlm.lab.tasks import Example, TaskText
 from charlm.models import build_model, count_params
 from charlm.train import Trainer
 
-LAB_DIR = Path("checkpoints/lab")  # run directories of lab models: LAB_DIR/<experiment>-<model>-<size>
-RUN_FILES = ("corpus.txt", "last.pt", "best.pt", "metrics.jsonl")
+LAB_DIR = Path("checkpoints/lab")  # run directories of lab models: LAB_DIR/<experiment>-<model>-<size>-s<seed>
+RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
+TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
+# The std a lab Transformer's weights start from (charlm's scheme, residual projections still scaled down).
+# charlm's 0.02 is GPT-2's, made for widths near 768: at width 64 it leaves attention almost uniform, and
+# the lookup circuit of recall formed in 2 of 6 seeds within 1600 steps, against 11 of 12 from 0.05
+# (benchmarks/notes-lab.md). The LSTM keeps PyTorch's init, uniform within ±1/√hidden.
+LAB_INIT_STD = 0.05
 
 
 @dataclass
@@ -67,14 +79,24 @@ class Clock:
         return time.perf_counter() - self.t0
 
 
-def lab_train_config(steps: int, seed: int, device: str, batch_size: int = 32, lr: float = 3e-3) -> TrainConfig:
-    # one evaluation at the end (the lab scores its models itself); no samples
+def lab_train_config(
+    steps: int,
+    seed: int,
+    device: str,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    optimizer: str = "adamw",
+    eval_interval: int | None = None,
+) -> TrainConfig:
+    # AdamW by default (with Muon recall fell into its shortcut at once: notes-lab.md); one evaluation at the
+    # end unless asked (the lab scores its models itself); no samples
     return TrainConfig(
         steps=steps,
         batch_size=batch_size,
         lr=lr,
         warmup=min(50, steps // 10),
-        eval_interval=steps,
+        optimizer=optimizer,
+        eval_interval=eval_interval or steps,
         eval_iters=4,
         sample_tokens=0,
         seed=seed,
@@ -82,15 +104,50 @@ def lab_train_config(steps: int, seed: int, device: str, batch_size: int = 32, l
     )
 
 
-def train_model(text: str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig) -> Path:
-    """Train a model on `text` (kept as run_dir/corpus.txt) with charlm's trainer; returns run_dir.
-    A previous lab run in run_dir is replaced, so a rerun gives the same run."""
+def lab_trainer(
+    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init_std: float | None = None
+) -> Trainer:
+    """A trainer for `data` (kept as run_dir/corpus.txt): a TaskText is learned as posed (windows from its
+    examples' starts, loss on its mask), plain text as any corpus. init_std: a Transformer's weights are
+    drawn again at that std (lab_init; None: charlm's init). A previous lab run in run_dir is replaced,
+    so a rerun gives the same run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     corpus = run_dir / "corpus.txt"
-    corpus.write_text(text, encoding="utf-8")
-    Trainer(corpus, model_cfg, train_cfg, run_dir).fit()
+    aligned = isinstance(data, TaskText)
+    corpus.write_text(data.text if aligned else data, encoding="utf-8")
+    if aligned:  # so that what reads the run later (lab ablate) scores the task as it was posed
+        np.save(run_dir / TARGETS, data.mask)
+    trainer = Trainer(
+        corpus,
+        model_cfg,
+        train_cfg,
+        run_dir,
+        starts=data.starts if aligned else None,
+        mask=data.mask if aligned else None,
+    )
+    if init_std is not None and model_cfg.kind == "transformer":
+        lab_init(trainer.model, init_std, train_cfg.seed)
+    return trainer
+
+
+@torch.no_grad()
+def lab_init(model: torch.nn.Module, std: float, seed: int) -> None:
+    """Draw the weights of a fresh Transformer again at `std` (see LAB_INIT_STD), in place, before its first
+    step: embeddings and the layers that read the residual stream; the residual projections keep charlm's
+    smaller std."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.endswith("proj.weight"):
+            p.normal_(0.0, std, generator=gen)
+
+
+def train_model(
+    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init_std: float | None = None
+) -> Path:
+    """Train a model on `data` with charlm's trainer (see lab_trainer); returns run_dir."""
+    lab_trainer(data, run_dir, model_cfg, train_cfg, init_std).fit()
     return run_dir
 
 
@@ -120,32 +177,59 @@ def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
     return best[1]
 
 
+def _groups(examples: list[Example], size: int = 64):
+    """Examples in batches of equal length (each one a line: a newline first, as in training)."""
+    by_length: dict[int, list[Example]] = {}
+    for e in examples:
+        by_length.setdefault(len(e.text), []).append(e)
+    for group in by_length.values():
+        for b in range(0, len(group), size):
+            yield group[b : b + size]
+
+
 @torch.no_grad()
-def accuracy(model, tokenizer, examples: list[Example]) -> float:
-    """Share of target characters the model predicts exactly (argmax) from everything before them in
-    the example (teacher forcing: a right prefix, as greedy decoding has while it makes no mistake).
-    Each example starts a line, as in training."""
+def scored(model, tokenizer, examples: list[Example]) -> tuple[float, float]:
+    """(accuracy, nats): the share of target characters the model predicts exactly (argmax) from everything
+    before them in the example, and its mean loss on them (teacher forcing: a right prefix, as greedy
+    decoding has while it makes no mistake)."""
     device = next(model.parameters()).device
     right = total = 0
-    for b in range(0, len(examples), 64):
-        group = examples[b : b + 64]
-        ids = torch.tensor([tokenizer.encode("\n" + e.text) for e in group], device=device)  # all one length
+    nats = 0.0
+    for group in _groups(examples):
+        ids = torch.tensor([tokenizer.encode("\n" + e.text) for e in group], device=device)
         logits, _ = model(ids[:, :-1])  # logits[:, p] predicts ids[:, p + 1] = text[p]
-        pred = logits.argmax(-1)
+        logits = logits.float()
         for row, e in enumerate(group):
             t = torch.tensor(e.targets, device=device)
-            right += int((pred[row, t] == ids[row, t + 1]).sum())
+            right += int((logits[row, t].argmax(-1) == ids[row, t + 1]).sum())
+            nats += float(F.cross_entropy(logits[row, t], ids[row, t + 1], reduction="sum"))
             total += len(e.targets)
-    return right / total
+    return right / total, nats / total
+
+
+def accuracy(model, tokenizer, examples: list[Example]) -> float:
+    return scored(model, tokenizer, examples)[0]
+
+
+def seeds_of(seed: int, count: int) -> list[int]:
+    return list(range(seed, seed + count))
+
+
+def spread(values: list[float]) -> dict:
+    """The fields a record shows for one score over several seeds: the mean, and with more than one
+    seed the lowest and every value (in seed order)."""
+    out = {"accuracy": statistics.fmean(values)}
+    if len(values) > 1:
+        out |= {"lowest": min(values), "per_seed": [round(v, 4) for v in values]}
+    return out
 
 
 def sweep(
-    task: str, sizes, s: dict, context_for, out: Path, seed: int, device: str, progress
+    task: str, sizes, s: dict, context_for, out: Path, seeds: list[int], device: str, progress
 ) -> tuple[list[dict], dict]:
-    """Train a Transformer (settings s) and a same-size LSTM at each task size, with the same budget, and
-    score each on fresh examples. Returns (records, run directory by (model, size))."""
-    from charlm.lab import tasks
-
+    """Train a Transformer (settings s) and a same-size LSTM at each task size and seed, with the same
+    budget, and score each on fresh examples. Returns (one record per model and size, over the seeds;
+    run directory by (model, size, seed))."""
     key = {"copy": "length", "recall": "pairs"}[task]
     records, runs = [], {}
     jobs = [(n, kind) for n in sizes for kind in ("transformer", "lstm")]
@@ -160,27 +244,106 @@ def sweep(
             context=context_for(n),
         )
         cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
-        name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}"
-        progress(f"training {name} ({k}/{len(jobs)}, {params_of(cfg):,} parameters, {s['steps']} steps)")
-        t0 = clock()
-        run_dir = train_model(
-            tasks.corpus(task, n, s["train_chars"], seed + n),
-            out / name,
-            cfg,
-            lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]),
+        scores, seconds = [], []
+        for seed in seeds:
+            name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}-s{seed}"
+            progress(
+                f"training {name} ({k}/{len(jobs)}, seed {seed}, {params_of(cfg):,} parameters, {s['steps']} steps)"
+            )
+            t0 = clock()
+            run_dir = train_model(
+                tasks.corpus(task, n, s["train_chars"], seed + n),
+                out / name,
+                cfg,
+                lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]),
+                LAB_INIT_STD,
+            )
+            seconds.append(clock() - t0)
+            ck = load_run(run_dir)
+            scores.append(
+                accuracy(ck.model, ck.tokenizer, tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n))
+            )
+            runs[(kind, n, seed)] = str(run_dir)
+        records.append(
+            record(
+                model=kind,
+                **{key: n},
+                **spread(scores),
+                params=params_of(cfg),
+                train_seconds=statistics.fmean(seconds),
+            )
         )
-        seconds = clock() - t0
-        ck = load_run(run_dir)
-        acc = accuracy(ck.model, ck.tokenizer, tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n))
-        records.append(record(model=kind, **{key: n}, accuracy=acc, params=params_of(cfg), train_seconds=seconds))
-        runs[(kind, n)] = str(run_dir)
     return records, runs
+
+
+def per_seed(r: dict) -> list[float]:
+    """Every seed's accuracy in a record made with spread()."""
+    return r.get("per_seed") or [r["accuracy"]]
+
+
+def _values(values: list[float]) -> str:
+    return ", ".join(f"{v:.0%}" for v in values)
+
+
+def family_reading(label: str, records: list[dict], key: str, good: float, near_chance: float) -> str:
+    """One sentence on one family's records (one per task size, over the seeds), size by size: where every
+    seed scores at least `good`, where every seed is at most `near_chance`, and every seed's value between."""
+    sym = {"length": "N", "pairs": "P"}[key]
+    K = len(per_seed(records[0]))
+    every = f"in {K} of {K} seeds" if K > 1 else "(one seed)"
+    groups: list[tuple[str, list]] = []  # consecutive sizes of one kind: "top", "low", or a size's own values
+    for r in sorted(records, key=lambda r: r[key]):
+        values = per_seed(r)
+        kind = "top" if min(values) >= good else "low" if max(values) <= near_chance else _values(values)
+        if groups and groups[-1][0] == kind and kind in ("top", "low"):
+            groups[-1][1].append(r[key])
+        else:
+            groups.append((kind, [r[key]]))
+    parts = []
+    for kind, sizes in groups:
+        at = f"{sym}={', '.join(map(str, sizes))}"
+        if kind == "top":
+            parts.append(f"≥ {good:.0%} at {at} {every}")
+        elif kind == "low":
+            parts.append(f"at chance (≤ {near_chance:.0%}) at {at} {every}")
+        else:
+            parts.append(f"{kind} at {at}")
+    return f"{label}: " + "; ".join(parts) + "."
+
+
+def verdict(records: list[dict], key: str, budget: str, textbook: str) -> str:
+    """Which family wins where the two differ (by the mean over seeds, by more than 5 points), read
+    against the textbook: attention ahead. A contradiction names the budget and seeds that produced it."""
+    sym = {"length": "N", "pairs": "P"}[key]
+    acc = {(r["model"], r[key]): r["accuracy"] for r in records}
+    sizes = sorted({r[key] for r in records})
+    tf_better = [n for n in sizes if acc[("transformer", n)] > acc[("lstm", n)] + 0.05]
+    lstm_better = [n for n in sizes if acc[("lstm", n)] > acc[("transformer", n)] + 0.05]
+    if lstm_better:
+        return (
+            f"Contrary to the textbook, the LSTM does better at {sym}={', '.join(map(str, lstm_better))} "
+            f"({budget}): there the Transformer had not formed its circuit within this budget"
+            + (f"; at {sym}={', '.join(map(str, tf_better))} attention is ahead." if tf_better else ".")
+        )
+    if tf_better:
+        return (
+            f"Attention wins wherever the two differ ({sym}={', '.join(map(str, tf_better))}), {textbook} ({budget})."
+        )
+    return f"The two families score the same within 5 points at every {sym} tried ({budget})."
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x: y ~ x^slope."""
     lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
     return float(np.polyfit(lx, ly, 1)[0])
+
+
+def bits_per_symbol(accuracy: float, alphabet: int) -> float:
+    """Information one copied symbol carries when it is right with probability `accuracy` and wrong
+    evenly otherwise: log2 K - H(a) - (1 - a) log2 (K - 1), 0 at chance (1/K), log2 K when always right."""
+    a = min(max(accuracy, 1 / alphabet), 1.0)
+    h = -sum(p * math.log2(p) for p in (a, 1 - a) if p > 0)
+    return math.log2(alphabet) - h - (1 - a) * math.log2(alphabet - 1)
 
 
 def record(**kw) -> dict:

@@ -70,8 +70,8 @@ def widened(model, context: int):
 def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **settings) -> LabResult:
     s = {**DEFAULTS, **settings}
     clock = Clock()
-    text = tasks.corpus("copy", s["length"], s["train_chars"], seed)
-    fresh = tasks.corpus("copy", s["length"], s["eval_chars"], seed + 10_000)
+    text = tasks.corpus("copy", s["length"], s["train_chars"], seed).text  # every character a target
+    fresh = tasks.corpus("copy", s["length"], s["eval_chars"], seed + 10_000).text
     records, runs = [], []
     for k, pos in enumerate(POSITIONS, 1):
         cfg = ModelConfig(
@@ -86,7 +86,7 @@ def run(out: Path, seed: int = 0, device: str = "cpu", progress=print, **setting
         name = f"positions-{pos}-c{s['context']}"
         progress(f"training {name} ({k}/{len(POSITIONS)}, {s['steps']} steps)")
         run_dir = train_model(
-            text, out / name, cfg, lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"])
+            text, out / name, cfg, lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"], "muon")
         )
         runs.append(str(run_dir))
         ck = load_run(run_dir)

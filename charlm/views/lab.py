@@ -9,10 +9,13 @@ from rich.text import Text
 
 from charlm.views.plot import line_chart
 
-HIDDEN = ("run", "head_id")  # record keys the table leaves to --json (and the chart)
+HIDDEN = ("run", "head_id", "train_seconds")  # record keys the table leaves to --json (and the chart): a rerun
+# with the same seeds prints the same table, so no timings in it
 
 
 def _cell(v) -> str:
+    if isinstance(v, list):  # e.g. every seed's score
+        return " ".join(_cell(x) for x in v)
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     if isinstance(v, int) and not isinstance(v, bool):
@@ -20,12 +23,12 @@ def _cell(v) -> str:
     return "—" if v is None else str(v)
 
 
-def results_table(result) -> Table:
-    keys = [k for k in dict.fromkeys(k for r in result.results for k in r) if k not in HIDDEN]
-    table = Table(box=box.SIMPLE_HEAD, title=f"charlm lab {result.experiment}", title_justify="left")
+def results_table(records: list[dict], title: str) -> Table:
+    keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in HIDDEN]
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
     for k in keys:
-        table.add_column(k.replace("_", " "), justify="left" if isinstance(result.results[0].get(k), str) else "right")
-    for r in result.results:
+        table.add_column(k.replace("_", " "), justify="left" if isinstance(records[0].get(k), str) else "right")
+    for r in records:
         table.add_row(*(_cell(r.get(k)) for k in keys))
     return table
 
@@ -50,7 +53,9 @@ def chart_text(result, width: int, color: bool) -> str | None:
 
 
 def render_lab(console: Console, result, color: bool = True) -> None:
-    console.print(results_table(result))
+    console.print(results_table(result.results, f"charlm lab {result.experiment}"))
+    if result.details.get("summary"):  # one row per model or size, read off the records
+        console.print(results_table(result.details["summary"], "summary"))
     chart = chart_text(result, console.width, color)
     if chart:
         console.print(Text.from_ansi(chart) if color else Text(chart), no_wrap=True, overflow="crop")

@@ -1,0 +1,200 @@
+"""induction: the phase change (Olsson et al. 2022). A 2-layer Transformer learns lines of S random letters
+followed by the same S letters again (S varies, so no fixed offset finds the letter to predict: the
+model has to find where the current letter stood before and read the one after it). The loss covers the
+repeat after its first letter.
+
+Every `every` steps the run pauses (the trainer's fit(until=...): the schedule does not change) and is
+measured on fresh lines: the loss on the repeat, and every head's scores on a probe of P random letters
+twice (heads.score_heads, averaged over probes of several lengths P across the range of S, so that a head
+looking a fixed distance back cannot pass for an induction head): the best previous-token score in layer
+0 and the best induction score in the layers above. Where a curve turns is the interval in which it
+moves most (the loss falls most, the score rises most). The two-layer circuit is a previous-token head whose output lets a head of layer 1
+match the current letter against "the letter before" each earlier position: the loss falls when the
+induction head forms.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from charlm.config import ModelConfig
+from charlm.lab import tasks
+from charlm.lab.common import (
+    LAB_INIT_STD,
+    Chart,
+    Clock,
+    LabResult,
+    lab_train_config,
+    lab_trainer,
+    record,
+    scored,
+    seeds_of,
+)
+from charlm.lab.heads import probe_ids, score_heads
+from charlm.models.probes import capture_attention
+
+DEFAULTS = dict(
+    segment=(8, 24),  # S, the repeated segment's length: every value from the first to the second
+    steps=1200,
+    every=50,
+    d_model=64,
+    layers=2,
+    heads=2,
+    batch_size=32,
+    lr=1e-3,
+    train_chars=300_000,
+    eval_examples=200,
+)
+QUICK = dict(segment=(6, 16), steps=500, every=25, lr=2e-3, train_chars=150_000, eval_examples=100)
+PROBES = 4  # probe sequences the heads' scores are averaged over, their lengths spread over the range of S
+
+
+def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=print, **settings) -> LabResult:
+    s = {**DEFAULTS, **settings}
+    clock = Clock()
+    lo, hi = s["segment"]
+    cfg = ModelConfig(
+        kind="transformer",
+        vocab_size=tasks.vocab_size("induction"),
+        n_layers=s["layers"],
+        d_model=s["d_model"],
+        n_heads=s["heads"],
+        context=2 * hi + 1,
+    )
+    records, runs, found = [], [], []
+    for seed_ in seeds_of(seed, seeds):
+        name = f"induction-transformer-s{seed_}"
+        data = tasks.corpus("induction", tuple(range(lo, hi + 1)), s["train_chars"], seed_)
+        trainer = lab_trainer(
+            data,
+            out / name,
+            cfg,
+            lab_train_config(s["steps"], seed_, device, s["batch_size"], s["lr"], eval_interval=s["every"]),
+            LAB_INIT_STD,
+        )
+        per = max(1, s["eval_examples"] // (hi - lo + 1))
+        fresh = [e for S in range(lo, hi + 1) for e in tasks.examples("induction", S, per, seed_ + 10_000 + S)]
+        periods = [lo + k * (hi - lo) // (PROBES - 1) for k in range(PROBES)]
+        probes = [(probe_ids(trainer.tokenizer, P, seed_ + k), P) for k, P in enumerate(periods)]
+        curve = []
+        for step in range(0, s["steps"] + 1, s["every"]):
+            if step:
+                progress(f"training {name} (seed {seed_}): step {step} of {s['steps']}")
+                trainer.fit(until=step)
+            curve.append(measure(trainer.model, trainer.tokenizer, fresh, probes, step, seed_))
+        records += curve
+        found.append(found_circuit(curve, seed_, str(out / name)))
+        runs.append(str(out / name))
+    example = tasks.examples("induction", 12, 1, seed + 30_000)[0].text
+    return LabResult(
+        "induction",
+        {
+            **s,
+            "segment": list(s["segment"]),
+            "seeds": seeds_of(seed, seeds),
+            "device": device,
+            "params": trainer.params,
+        },
+        records,
+        reading(found, s, example),
+        Chart("step", ("repeat_loss", "induction", "previous"), None, "training step", "nats / score"),
+        runs=runs,
+        seconds=clock(),
+        details={"circuits": found, "example": example},
+    )
+
+
+def measure(model, tokenizer, fresh, probes: list[tuple[list[int], int]], step: int, seed: int) -> dict:
+    """One point of the curves: the loss and accuracy on the repeats of fresh lines, and the heads' scores
+    (each head's mean over the probes: (ids, period))."""
+    model.eval()
+    acc, nats = scored(model, tokenizer, fresh)
+    scores = [score_heads(capture_attention(model, ids)[1], period) for ids, period in probes]
+    model.train()
+    heads = [
+        {
+            "layer": h["layer"],
+            "head": h["head"],
+            "previous": float(np.mean([p[i]["previous"] for p in scores])),
+            "induction": float(np.mean([p[i]["induction"] for p in scores])),
+        }
+        for i, h in enumerate(scores[0])
+    ]
+    prev = max((h for h in heads if h["layer"] == 0), key=lambda h: h["previous"])
+    ind = max((h for h in heads if h["layer"] > 0), key=lambda h: h["induction"])
+    return record(
+        seed=seed,
+        step=step,
+        repeat_loss=nats,
+        repeat_accuracy=acc,
+        previous=prev["previous"],
+        previous_head=f"L{prev['layer']}H{prev['head']}",
+        induction=ind["induction"],
+        induction_head=f"L{ind['layer']}H{ind['head']}",
+    )
+
+
+def _turn(curve: list[dict], key: str, falling: bool) -> int:
+    """The step that ends the evaluation interval in which `key` moved most (fell most, or rose most)."""
+    sign = -1 if falling else 1
+    moves = [(sign * (b[key] - a[key]), b["step"]) for a, b in zip(curve, curve[1:])]
+    return max(moves)[1]
+
+
+def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
+    """Where one seed's curves turn (the interval of the steepest fall of the loss, of the steepest rise of
+    each score), and the heads that hold the scores at the end."""
+    end = curve[-1]
+    return {
+        "seed": seed,
+        "run": run,
+        "loss_start": curve[0]["repeat_loss"],
+        "loss_end": end["repeat_loss"],
+        "accuracy_end": end["repeat_accuracy"],
+        "loss_drop_step": _turn(curve, "repeat_loss", falling=True),
+        "induction_rise_step": _turn(curve, "induction", falling=False),
+        "previous_rise_step": _turn(curve, "previous", falling=False),
+        "induction_head": end["induction_head"],
+        "induction": end["induction"],
+        "previous_head": end["previous_head"],
+        "previous": end["previous"],
+    }
+
+
+def reading(found: list[dict], s: dict, example: str) -> str:
+    chance = math.log(len(tasks.LETTERS))
+    parts = [
+        f"Loss on the repeat, in nats (guessing among {len(tasks.LETTERS)} letters: {chance:.2f}); head scores "
+        f"on random letters repeated ({s['segment'][0]} to {s['segment'][1]} of them; uniform attention gives "
+        f"about {2 / (s['segment'][0] + s['segment'][1]):.2f})."
+    ]
+    for f in found:
+        formed = f["induction"] >= 0.3 and f["previous"] >= 0.3 and f["loss_end"] < chance / 2
+        if not formed:
+            parts.append(
+                f"Seed {f['seed']}: no circuit within {s['steps']} steps (loss {f['loss_start']:.2f} → "
+                f"{f['loss_end']:.2f}, best induction score {f['induction']:.2f}, previous-token "
+                f"{f['previous']:.2f})."
+            )
+            continue
+        drop, rise, every = f["loss_drop_step"], f["induction_rise_step"], s["every"]
+        together = (
+            "in the same interval"
+            if drop == rise
+            else f"{abs(drop - rise) // every} interval(s) {'later' if rise > drop else 'earlier'}"
+        )
+        parts.append(
+            f"Seed {f['seed']}: the loss falls from {f['loss_start']:.2f} to {f['loss_end']:.2f} "
+            f"({f['accuracy_end']:.0%} of the repeat right), most steeply between steps {drop - every} and "
+            f"{drop}; the induction score of {f['induction_head']} rises most {together}, to "
+            f"{f['induction']:.2f} by the end. Layer 0's {f['previous_head']} attends to the previous letter "
+            f"({f['previous']:.2f}; its steepest rise ends at step {f['previous_rise_step']}): the previous-token "
+            "head that the induction head reads."
+        )
+    f = found[0]
+    layer, head = f["induction_head"][1:].split("H")
+    parts.append(f"Draw it: charlm attn {f['run']} -p {example} --layer {layer} --head {head}.")
+    return " ".join(parts)
