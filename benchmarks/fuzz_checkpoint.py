@@ -284,11 +284,14 @@ def mutate_tree(tree, rng: random.Random):
     from charlm.checkpoint import TensorInfo
 
     slots = []  # (container, key) of every value, the root's holder included
+    seen = set()  # containers walked: a decoded pickle may share them (2^depth paths through a few KB)
 
     def walk(holder, key, value, depth):
         slots.append((holder, key))
-        if depth > 20:
+        if depth > 20 or id(value) in seen or len(slots) > 10_000:
             return
+        if isinstance(value, (dict, list)):
+            seen.add(id(value))
         if isinstance(value, dict):
             for k, v in value.items():
                 walk(value, k, v, depth + 1)

@@ -575,6 +575,12 @@ def compare(ckpts, prompt, eval_file, interactive, as_json, device, **flags):
 # ---- runs: info, runs, plot ---------------------------------------------------------------------
 
 
+def print_notes(notes: list[str]) -> None:
+    """What a command skipped (a damaged line of a run file): one yellow line each, on stderr."""
+    for note in notes:
+        err_console().print(safe(note, "yellow"), soft_wrap=True)
+
+
 @command()
 @ckpt_argument
 @json_option
@@ -587,7 +593,10 @@ def info(ckpt, as_json):
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        render_info(out_console(), summary, curves([str(Path(summary["path"]).parent)], missing_ok=True))
+        notes = []
+        found = curves([str(Path(summary["path"]).parent)], missing_ok=True, notes=notes)
+        render_info(out_console(), summary, found)
+        print_notes(notes)
 
 
 @command("runs")
@@ -625,7 +634,9 @@ def plot(run_dirs, y, x, width, height, as_json):
         raise ConfigError(f"--width must be at least 30, got {width}")
     if height < 8:
         raise ConfigError(f"--height must be at least 8, got {height}")
-    found = curves(list(run_dirs))
+    notes = []
+    found = curves(list(run_dirs), notes=notes)
+    print_notes(notes)
     if as_json:
         click.echo(json.dumps([{"run": name, "evaluations": points} for name, points in found.items()]))
     else:

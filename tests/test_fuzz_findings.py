@@ -450,6 +450,43 @@ def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
     assert m.note == f"skipped 2 unreadable lines of {tmp_path / 'metrics.jsonl'}"
     r = cli("plot", tmp_path, "--json")
     assert r.exit_code == 0 and [p["step"] for p in json.loads(r.stdout)[0]["evaluations"]] == [10, 20], r.output
+    assert r.stderr.strip() == m.note  # said once, on stderr: the JSON on stdout stays JSON
+    r = cli("plot", tmp_path)
+    assert r.exit_code == 0 and "┤" in r.stdout and r.stderr.strip() == m.note
+
+
+def test_info_says_what_it_skipped_of_a_damaged_metrics_file(tiny, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(tiny.read_bytes())
+    row = {"step": 1, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": 0.1}
+    (run / "metrics.jsonl").write_bytes(json.dumps(row).encode() + b"\n\xff torn")
+    r = cli("info", run)
+    assert r.exit_code == 0 and "please report" not in r.output, r.output
+    assert r.stderr.strip() == f"skipped 1 unreadable line of {run / 'metrics.jsonl'}"
+
+
+def test_a_validation_loss_of_zero_plots(tmp_path):
+    """V1, found writing the metrics property: a val_loss of 0.0 (a text the model predicts exactly) made
+    `plot` divide by zero turning the training loss into bits per character."""
+    rows = [{"step": s, "train_loss": t, "val_loss": 0.0, "val_bpc": 0.0, "elapsed": s} for s, t in ((1, 0.5), (2, 0.0))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("plot", tmp_path, "--y", "bpc")
+    assert r.exit_code == 0 and "┤" in r.stdout, r.output
+
+
+def test_a_run_named_with_undecodable_bytes_prints_on_a_strict_utf8_terminal(tiny, tmp_path):
+    """V2: a run directory named b"run\\xff" is the str "run\\udcff" (surrogateescape); the safe path let the
+    lone surrogate through, and `info` and `runs` failed with UnicodeEncodeError on a strict UTF-8 stdout."""
+    root = tmp_path / "ckpts"
+    run = Path(os.fsdecode(bytes(root) + b"/run\xff"))
+    run.mkdir(parents=True)
+    (run / "last.pt").write_bytes(tiny.read_bytes())
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "CHARLM_DEBUG": ""}
+    for args in (["info", str(run)], ["runs", str(root)]):
+        proc = subprocess.run([sys.executable, "-m", "charlm", *args], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "run\\udcff" in proc.stdout.replace("\n", "") or "run\\udcff" in proc.stdout, proc.stdout
 
 
 # ---- sampling -----------------------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ def list_runs(directory: Path | None = None) -> tuple[Path, list[dict]]:
     return root, [runs.describe(run) for run in runs.find_runs(root)]
 
 
-def curves(paths: list[str], missing_ok: bool = False) -> dict[str, list[dict]]:
+def curves(paths: list[str], missing_ok: bool = False, notes: list[str] | None = None) -> dict[str, list[dict]]:
     """Each run's metrics.jsonl rows, by a label: the directory's name, or the path given where names repeat.
-    A run with no evaluations is an error, or left out (missing_ok)."""
+    A run with no evaluations is an error, or left out (missing_ok). What could not be read (a torn or binary
+    line) is skipped, and said in `notes`."""
     dirs = [Path(p) if not Path(p).is_file() else Path(p).parent for p in paths]
     names = [d.resolve().name for d in dirs]
     out = {}
@@ -39,11 +40,14 @@ def curves(paths: list[str], missing_ok: bool = False) -> dict[str, list[dict]]:
                 f"no run directory {given}: give a run directory (charlm runs lists them) or a checkpoint in one"
             )
         try:
-            points = runs.read_metrics(d).rows
+            metrics = runs.read_metrics(d)
         except ConfigError:
             if missing_ok:
                 continue
             raise
+        points = metrics.rows
+        if metrics.note and notes is not None:
+            notes.append(metrics.note)
         if not points and missing_ok:
             continue
         if not points:

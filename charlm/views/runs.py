@@ -75,6 +75,8 @@ def render_runs(console: Console, rows: list[dict], title: str, now: float | Non
 def train_bpc(point: dict) -> float:
     """Bits per character of the training loss: metrics.jsonl holds val_bpc and both losses, and the same
     characters per token turn either loss into bits per character."""
+    if not point["val_bpc"]:  # a validation loss of 0 (a text the model predicts exactly) gives no ratio
+        return 0.0 if not point["train_loss"] else math.nan
     return bits_per_char(point["train_loss"], chars_per_token=point["val_loss"] / point["val_bpc"] / math.log(2))
 
 

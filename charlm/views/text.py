@@ -20,7 +20,7 @@ def _visible(ch: str) -> str:
         return ch
     if ch == "\r":
         return "\\r"
-    if unicodedata.category(ch) == "Cc" or ch in _BIDI:
+    if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI:  # Cs: a lone surrogate (an undecodable byte)
         code = ord(ch)
         return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
     return ch
