@@ -196,6 +196,9 @@ class ModelConfig:
         "rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer", section="Model"
     )
     mlp_ratio: int = internal(4, applies_to="transformer")  # MLP hidden = mlp_ratio * d_model
+    # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and
+    # copy models: with a tied head the current key's own embedding pulls the answer toward the key itself)
+    tied: bool = internal(True, applies_to="transformer")
 
     def applies(self, name: str) -> bool:
         """Whether the field `name` means anything for this model family (flag(applies_to=...))."""

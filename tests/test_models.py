@@ -46,6 +46,39 @@ def test_param_shapes_by_arithmetic_are_the_built_models(kind, positions, layers
     assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in build_model(cfg).state_dict().items()}
 
 
+def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
+    """ModelConfig.tied=False (the lab's recall and copy models): the head is a matrix of its own, in the
+    shapes a checkpoint is checked against, in the count, and through a save and load (fast decode included)."""
+    from charlm import checkpoint
+    from charlm.checkpoint import Corpus, Saved
+    from charlm.models import param_count
+
+    tied = ModelConfig("transformer", V, 2, 16, 2, T)
+    cfg = ModelConfig("transformer", V, 2, 16, 2, T, tied=False)
+    model = build_model(cfg)
+    assert model.head.weight.data_ptr() != model.tok_emb.weight.data_ptr()
+    assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert param_count(cfg) == count_params(model) == param_count(tied) + V * 16
+    saved = Saved(
+        run_name="u",
+        model_config=cfg,
+        train_config=TrainConfig(),
+        tokenizer=CharTokenizer([chr(97 + i) for i in range(V)]).to_json(),
+        model=model.state_dict(),
+        step=1,
+        train_seconds=1.0,
+        best_val_loss=1.0,
+        best_val_bpc=1.0,
+        params=count_params(model),
+        corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
+    )
+    checkpoint.save(saved, tmp_path / "u" / "last.pt")
+    back = checkpoint.load(tmp_path / "u" / "last.pt").model
+    assert not back.cfg.tied and torch.equal(back.head.weight, model.head.weight)
+    x = tokens()
+    assert torch.equal(back(x)[0], model.eval()(x)[0])
+
+
 def test_every_family_is_registered_everywhere():
     from charlm.config import FAMILIES, PRESET_TABLE
     from charlm.models import family, shapes

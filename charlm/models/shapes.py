@@ -26,7 +26,7 @@ def transformer(cfg: ModelConfig) -> Shapes:
             f"blocks.{i}.mlp.fc.weight": (hidden, C),
             f"blocks.{i}.mlp.proj.weight": (C, hidden),
         }
-    return shapes | {"norm.weight": (C,), "head.weight": (cfg.vocab_size, C)}  # head.weight: tok_emb's, tied
+    return shapes | {"norm.weight": (C,), "head.weight": (cfg.vocab_size, C)}  # tied: tok_emb's
 
 
 def rnn(cfg: ModelConfig) -> Shapes:
@@ -40,7 +40,11 @@ def rnn(cfg: ModelConfig) -> Shapes:
 
 
 SHAPES = {"transformer": transformer, "lstm": rnn, "gru": rnn}  # by config.FAMILIES' names
-TIED = {"transformer": ("head.weight",)}  # names stored twice: the same tensor as another
+
+
+def tied(cfg: ModelConfig) -> tuple[str, ...]:
+    """Names stored twice: the same tensor as another (a transformer's tied head is its embedding table)."""
+    return ("head.weight",) if cfg.kind == "transformer" and cfg.tied else ()
 
 
 def param_shapes(cfg: ModelConfig) -> Shapes:
@@ -49,5 +53,5 @@ def param_shapes(cfg: ModelConfig) -> Shapes:
 
 def param_count(cfg: ModelConfig) -> int:
     """Distinct parameters (a tied embedding counts once)."""
-    tied = TIED.get(cfg.kind, ())
-    return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name not in tied)
+    twice = tied(cfg)
+    return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name not in twice)

@@ -1,5 +1,5 @@
 """A GPT-style decoder: token embedding (+ positions), N pre-norm blocks of causal self-attention and
-an MLP, a final norm and an output head tied to the embedding.
+an MLP, a final norm and an output head tied to the embedding (or its own: ModelConfig.tied).
 
 forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
   cache: a KVCache; the new tokens are appended to it and attend to everything it keeps.
@@ -193,7 +193,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied: the output head reads the embedding table
+        if cfg.tied:
+            self.head.weight = self.tok_emb.weight  # the output head reads the embedding table
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # GPT-2: scale down what each residual branch adds
