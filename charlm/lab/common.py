@@ -22,17 +22,30 @@ from charlm import checkpoint
 from charlm.config import ModelConfig, TrainConfig
 from charlm.lab import tasks
 from charlm.lab.tasks import Example, TaskText
-from charlm.models import build_model, count_params
+from charlm.models import param_count
 from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models: LAB_DIR/<experiment>-<model>-<size>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
 TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
-# The std a lab Transformer's weights start from (charlm's scheme, residual projections still scaled down).
-# charlm's 0.02 is GPT-2's, made for widths near 768: at width 64 it leaves attention almost uniform, and
-# the lookup circuit of recall formed in 2 of 6 seeds within 1600 steps, against 11 of 12 from 0.05
-# (benchmarks/notes-lab.md). The LSTM keeps PyTorch's init, uniform within ±1/√hidden.
-LAB_INIT_STD = 0.05
+
+
+@dataclass(frozen=True)
+class Init:
+    """How a lab Transformer's weights are drawn again before its first step (lab_init). charlm's own init is
+    GPT-2's (0.02, made for widths near 768): at width 64 it leaves attention almost uniform."""
+
+    std: float  # the matrices that read the residual stream (and an untied head)
+    embeddings: float | None = None  # the token and position tables (None: std)
+    residual: float | None = None  # the projections that write to it (None: charlm's, scaled down)
+
+
+# induction: the phase change in ~400 steps in every seed tried (benchmarks/notes-lab.md)
+INDUCTION_INIT = Init(0.05)
+# copy and recall: about PyTorch's own defaults (embeddings N(0, 1), matrices ~1/sqrt(3 d)). From 0.05 with
+# small embeddings the recall model sat in its elimination shortcut (~45% at P=8) for 1600 steps in every
+# seed tried; from this init the lookup circuit forms in 400-800 steps (benchmarks/RESULTS.md, Lab)
+LOOKUP_INIT = Init(0.07, embeddings=1.0, residual=0.07)
 
 
 @dataclass
@@ -87,9 +100,11 @@ def lab_train_config(
     lr: float = 3e-3,
     optimizer: str = "adamw",
     eval_interval: int | None = None,
+    constant_lr: bool = False,
 ) -> TrainConfig:
     # AdamW by default (with Muon recall fell into its shortcut at once: notes-lab.md); one evaluation at the
-    # end unless asked (the lab scores its models itself); no samples
+    # end unless asked (the lab scores its models itself); no samples. constant_lr: no cosine decay after the
+    # warmup (a circuit that forms late, in a phase change, still has the learning rate to form)
     return TrainConfig(
         steps=steps,
         batch_size=batch_size,
@@ -101,16 +116,17 @@ def lab_train_config(
         sample_tokens=0,
         seed=seed,
         device=device,
+        min_lr_ratio=1.0 if constant_lr else TrainConfig.min_lr_ratio,
     )
 
 
 def lab_trainer(
-    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init_std: float | None = None
+    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init: Init | None = None
 ) -> Trainer:
     """A trainer for `data` (kept as run_dir/corpus.txt): a TaskText is learned as posed (windows from its
-    examples' starts, loss on its mask), plain text as any corpus. init_std: a Transformer's weights are
-    drawn again at that std (lab_init; None: charlm's init). A previous lab run in run_dir is replaced,
-    so a rerun gives the same run."""
+    examples' starts, loss on its mask), plain text as any corpus. init: how a Transformer's weights are
+    drawn again (lab_init; None: charlm's init). A previous lab run in run_dir is replaced, so a rerun
+    gives the same run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
@@ -127,27 +143,31 @@ def lab_trainer(
         starts=data.starts if aligned else None,
         mask=data.mask if aligned else None,
     )
-    if init_std is not None and model_cfg.kind == "transformer":
-        lab_init(trainer.model, init_std, train_cfg.seed)
+    if init is not None and "attention" in trainer.model.capabilities:
+        lab_init(trainer.model, init, train_cfg.seed)
     return trainer
 
 
 @torch.no_grad()
-def lab_init(model: torch.nn.Module, std: float, seed: int) -> None:
-    """Draw the weights of a fresh Transformer again at `std` (see LAB_INIT_STD), in place, before its first
-    step: embeddings and the layers that read the residual stream; the residual projections keep charlm's
-    smaller std."""
+def lab_init(model: torch.nn.Module, init: Init, seed: int) -> None:
+    """Draw the weights of a fresh Transformer again (see Init), in place, before its first step."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        if p.dim() == 2 and not name.endswith("proj.weight"):
-            p.normal_(0.0, std, generator=gen)
+        if p.dim() != 2:
+            continue
+        if name.endswith("emb.weight"):
+            p.normal_(0.0, init.std if init.embeddings is None else init.embeddings, generator=gen)
+        elif not name.endswith("proj.weight"):
+            p.normal_(0.0, init.std, generator=gen)
+        elif init.residual is not None:
+            p.normal_(0.0, init.residual, generator=gen)
 
 
 def train_model(
-    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init_std: float | None = None
+    data: TaskText | str, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, init: Init | None = None
 ) -> Path:
     """Train a model on `data` with charlm's trainer (see lab_trainer); returns run_dir."""
-    lab_trainer(data, run_dir, model_cfg, train_cfg, init_std).fit()
+    lab_trainer(data, run_dir, model_cfg, train_cfg, init).fit()
     return run_dir
 
 
@@ -156,7 +176,7 @@ def load_run(run_dir: Path, device: str = "cpu") -> checkpoint.Checkpoint:
 
 
 def params_of(cfg: ModelConfig) -> int:
-    return count_params(build_model(cfg))
+    return param_count(cfg)  # by arithmetic (models/shapes.py): no model built
 
 
 def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
@@ -242,6 +262,8 @@ def sweep(
             d_model=s["d_model"],
             n_heads=s["heads"],
             context=context_for(n),
+            positions="learned",  # one example a window, always from its start: absolute positions suffice
+            tied=False,  # a head of its own: tied, the key's own embedding pulls each answer toward the key
         )
         cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
         scores, seconds = [], []
@@ -255,8 +277,10 @@ def sweep(
                 tasks.corpus(task, n, s["train_chars"], seed + n),
                 out / name,
                 cfg,
-                lab_train_config(s["steps"], seed, device, s["batch_size"], s["lr"]),
-                LAB_INIT_STD,
+                lab_train_config(
+                    s["steps"], seed, device, s["batch_size"], s["lr"], constant_lr=s.get("constant_lr", False)
+                ),
+                LOOKUP_INIT,
             )
             seconds.append(clock() - t0)
             ck = load_run(run_dir)
@@ -274,6 +298,13 @@ def sweep(
             )
         )
     return records, runs
+
+
+def params(records: list[dict]) -> str:
+    """A family's parameter count in a reading: one number, or the range over the sizes (learned positions
+    grow with the context)."""
+    low, high = min(r["params"] for r in records), max(r["params"] for r in records)
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
 
 
 def per_seed(r: dict) -> list[float]:

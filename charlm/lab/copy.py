@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, family_reading, load_run, seeds_of, sweep, verdict
+from charlm.lab.common import Chart, Clock, LabResult, family_reading, load_run, params, seeds_of, sweep, verdict
 from charlm.models.probes import capture_attention
 
 DEFAULTS = dict(
@@ -93,13 +93,13 @@ def reading(records: list[dict], details: dict, s: dict, seeds: list[int]) -> st
     parts = [
         f"Share of the copied half right (chance {CHANCE:.0%}).",
         family_reading(
-            f"The Transformer ({by['transformer'][0]['params']:,} parameters)",
+            f"The Transformer ({params(by['transformer'])} parameters)",
             by["transformer"],
             "length",
             GOOD,
             NEAR_CHANCE,
         ),
-        family_reading(f"The LSTM ({by['lstm'][0]['params']:,})", by["lstm"], "length", GOOD, NEAR_CHANCE),
+        family_reading(f"The LSTM ({params(by['lstm'])})", by["lstm"], "length", GOOD, NEAR_CHANCE),
         verdict(
             records,
             "length",

@@ -23,7 +23,7 @@ import numpy as np
 from charlm.config import ModelConfig
 from charlm.lab import tasks
 from charlm.lab.common import (
-    LAB_INIT_STD,
+    INDUCTION_INIT,
     Chart,
     Clock,
     LabResult,
@@ -73,7 +73,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
             out / name,
             cfg,
             lab_train_config(s["steps"], seed_, device, s["batch_size"], s["lr"], eval_interval=s["every"]),
-            LAB_INIT_STD,
+            INDUCTION_INIT,
         )
         per = max(1, s["eval_examples"] // (hi - lo + 1))
         fresh = [e for S in range(lo, hi + 1) for e in tasks.examples("induction", S, per, seed_ + 10_000 + S)]

@@ -14,16 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, family_reading, seeds_of, sweep, verdict
+from charlm.lab.common import Chart, Clock, LabResult, family_reading, params, seeds_of, sweep, verdict
 
 DEFAULTS = dict(
     pairs=(4, 8, 16),
-    steps=2000,
+    steps=1500,
     d_model=64,
     layers=2,
     heads=2,
-    batch_size=16,
-    lr=1e-3,
+    batch_size=64,
+    lr=3e-3,
+    constant_lr=True,
     train_chars=500_000,
     eval_examples=300,
 )
@@ -62,13 +63,13 @@ def reading(records: list[dict], s: dict, seeds: list[int]) -> str:
         [
             f"Share of the answers right (guessing gives {CHANCE:.0%}).",
             family_reading(
-                f"The Transformer ({by['transformer'][0]['params']:,} parameters)",
+                f"The Transformer ({params(by['transformer'])} parameters)",
                 by["transformer"],
                 "pairs",
                 GOOD,
                 NEAR_CHANCE,
             ),
-            family_reading(f"The LSTM ({by['lstm'][0]['params']:,})", by["lstm"], "pairs", GOOD, NEAR_CHANCE),
+            family_reading(f"The LSTM ({params(by['lstm'])})", by["lstm"], "pairs", GOOD, NEAR_CHANCE),
             verdict(
                 records,
                 "pairs",
