@@ -206,7 +206,7 @@ def config_options(cls, defaults: dict | None = None):
         elif f.type.startswith("list"):  # a repeatable flag
             kw.update(multiple=True, type=str)
         elif m["parse"] or m["derived"] or f.default is None:
-            kw.update(type=str if m["parse"] else int, default=None)
+            kw.update(type=str if m["parse"] or f.type.startswith("str") else int, default=None)
         else:
             kw.update(default=(defaults or {}).get(f.name, f.default), show_default=True, type=type(f.default))
         if m["choices"]:

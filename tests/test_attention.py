@@ -360,6 +360,14 @@ def test_cli_attn_errors_are_one_line(view_runs, args, message):
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_cli_attn_focus_takes_text_as_its_help_says(view_runs):
+    """--focus is a position or text (the option was generated with type int: "light" was refused)."""
+    by_text = cli("attn", view_runs["tf"], "-p", "But soft, what light", "--focus", "light", "--width", "80")
+    by_position = cli("attn", view_runs["tf"], "-p", "But soft, what light", "--focus", "-1", "--width", "80")
+    assert by_text.exit_code == 0 and by_position.exit_code == 0, by_text.output
+    assert by_text.stdout == by_position.stdout  # "light": its last token, the prompt's last
+
+
 def test_cli_attn_wrong_model_prompt_and_checkpoint(view_runs, tmp_path):
     for args, message in (
         ([view_runs["lstm"], "-p", "ROMEO"], "has no attention; charlm gates (/gates in chat) shows its gates"),

@@ -68,7 +68,7 @@ def gates(model, ids: list[int], opts: GatesConfig, fits=None) -> Gates:
     units = opts.units
     if units is None and fits is not None and (room := fits(trace)) is not None:  # no more than fit the screen
         units = min(DEFAULT_UNITS, trace.h.shape[-1], room)
-    return Gates(ids, offset, cfg.kind, layer, trace, choose_units(trace, units), opts.units is not None)
+    return Gates(ids, offset, cfg.kind, layer, trace, choose_units(trace, units), isinstance(units, list))
 
 
 def focus_position(tokenizer, ids: list[int], offset: int, focus: str) -> int:
