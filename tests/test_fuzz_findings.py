@@ -469,7 +469,9 @@ def test_info_says_what_it_skipped_of_a_damaged_metrics_file(tiny, tmp_path):
 def test_a_validation_loss_of_zero_plots(tmp_path):
     """V1, found writing the metrics property: a val_loss of 0.0 (a text the model predicts exactly) made
     `plot` divide by zero turning the training loss into bits per character."""
-    rows = [{"step": s, "train_loss": t, "val_loss": 0.0, "val_bpc": 0.0, "elapsed": s} for s, t in ((1, 0.5), (2, 0.0))]
+    rows = [
+        {"step": s, "train_loss": t, "val_loss": 0.0, "val_bpc": 0.0, "elapsed": s} for s, t in ((1, 0.5), (2, 0.0))
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = cli("plot", tmp_path, "--y", "bpc")
     assert r.exit_code == 0 and "┤" in r.stdout, r.output
