@@ -4,6 +4,13 @@
     python benchmarks/bench_train.py --ref-iters 100     # a quick check of the machinery (short runs)
     python benchmarks/bench_train.py --only tiny --tokens 400000 --set batch_size=32   # an idea, at a fixed token count
     python benchmarks/bench_train.py --lstm-speed        # LSTM 2x256, batch 64, context 64: chars/s
+    python benchmarks/bench_train.py --speed --variant "" --variant "context=128"   # tokens/s vs the recipe's
+    python benchmarks/bench_train.py --only tiny --variant "context=128 tokens=1500000" --variant ...  # interleaved
+
+Screening an idea without a quiet machine: its loss at the token count it would reach in the budget (--only
+tiny --variant "... tokens=N": quality per token does not depend on the load) and its speed relative to the
+recipe's, both interleaved with the others (--speed: short runs, side by side, medians; ratios survive load
+better than absolute figures). The budget in tokens is the recipe's 2001 x 768 tokens x that speed ratio.
 
 The protocol, one pair of runs at a time (reference, then charlm), with seed 1337 + the pair's index:
 - the reference is nanoGPT's recipe as published (benchmarks/nanogpt_reference.py), trained on the first
@@ -46,6 +53,8 @@ from charlm.train import Stepped, Trainer, autocast_dtype
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"
 CURVE = (0.25, 0.5, 0.75)  # curve points, as fractions of the reference's iterations
+SKIP = 3  # --speed: steps left out of the steady speed
+RECIPE_TOKENS = (nanogpt.RECIPE["max_iters"] + 1) * nanogpt.RECIPE["batch_size"] * nanogpt.RECIPE["block_size"]
 
 
 def load() -> str:
@@ -102,6 +111,7 @@ def charlm(
     tokens: int | None = None,
     times: tuple = (),
     overrides: dict | None = None,
+    scored: bool = True,
 ) -> dict:
     """The tiny preset for `budget` seconds (or exactly `tokens` tokens), snapshots at `times` seconds."""
     settings = {k: v for part in (*preset("transformer", "tiny"), overrides or {}) for k, v in part.items()}
@@ -118,9 +128,11 @@ def charlm(
         seed=seed,
         **t,
     )
-    pending, snaps, trainer = sorted(times), [], None
+    pending, snaps, trainer, stamps = sorted(times), [], None, []
 
     def on_event(e):
+        if isinstance(e, Stepped):
+            stamps.append(e.elapsed)
         if isinstance(e, Stepped) and pending and e.elapsed >= pending[0]:
             pending.pop(0)
             snaps.append((e.elapsed, e.step, copy.deepcopy(trainer.model.state_dict())))
@@ -135,16 +147,71 @@ def charlm(
         snap.load_state_dict(state)
         curve.append((round(elapsed, 1), step, score(snap, tokenizer, batches.val)))
     ctx = model_cfg.context
-    return {
+    run = {
         "name": "tiny" + "".join(f" {k}={v}" for k, v in (overrides or {}).items()),
         "seed": seed,
         "load": loadavg,
         "steps": result.step,
         "seconds": round(result.train_seconds, 1),
         "tokens_per_s": round(result.step * train_cfg.batch_size * ctx / result.train_seconds),
-        "val_loss": score(trainer.model, tokenizer, batches.val),
+        "val_loss": score(trainer.model, tokenizer, batches.val) if scored else None,
         "curve": curve,
     }
+    if len(stamps) > SKIP + 1:  # the speed after the first steps (allocations, first-touch of the data)
+        run["steady_tokens_per_s"] = round(
+            (len(stamps) - 1 - SKIP) * train_cfg.batch_size * ctx / (stamps[-1] - stamps[SKIP])
+        )
+    return run
+
+
+def reference_speed(tokenizer, batches: Batches, iters: int) -> dict:
+    """The recipe's steady tokens/s over `iters` iterations (the first SKIP left out), not scored."""
+    stamps = []
+    loadavg = load()
+    recipe = dict(nanogpt.RECIPE, max_iters=iters - 1, lr_decay_iters=iters - 1, warmup_iters=1)
+    nanogpt.train(np.asarray(batches.train), tokenizer.vocab_size, recipe, lambda i, t, m: stamps.append(t))
+    tokens = (len(stamps) - 1 - SKIP) * recipe["batch_size"] * recipe["block_size"]
+    return {"name": "reference", "load": loadavg, "steady_tokens_per_s": round(tokens / (stamps[-1] - stamps[SKIP]))}
+
+
+def parse_variant(text: str) -> tuple[dict, int | None]:
+    """'context=128 batch_size=32 tokens=1500000' -> ({"context": 128, "batch_size": 32}, 1500000)"""
+    overrides = parse_set(text.split())
+    return overrides, overrides.pop("tokens", None)
+
+
+def speed(tokenizer, batches: Batches, variants: list[str], rounds: int, seconds: float) -> None:
+    """Steady tokens/s of the recipe and of each variant, interleaved round by round; each run ~`seconds`
+    long (its step count from the first round's speed). Prints each run, then the medians and the ratio of
+    each to the recipe's (and the tokens each would see in the recipe's 2001 iterations' time)."""
+    runs, steps = [], {}
+    for r in range(rounds):
+        ref_iters = steps.get("reference", 20)
+        ref = reference_speed(tokenizer, batches, ref_iters)
+        steps["reference"] = max(SKIP + 5, round(seconds * ref["steady_tokens_per_s"] / 768))
+        runs.append(dict(ref, round=r))
+        print(json.dumps(runs[-1]), flush=True)
+        for v in variants:
+            overrides, _ = parse_variant(v)
+            settings = {k: val for part in (*preset("transformer", "tiny"), overrides) for k, val in part.items()}
+            per_step = settings["batch_size"] * settings["context"]
+            run = charlm(tokenizer, batches, 1337, None, steps.get(v, 8) * per_step, overrides=overrides, scored=False)
+            steps[v] = max(SKIP + 5, round(seconds * run["steady_tokens_per_s"] / per_step))
+            run = dict(run, name=v or "tiny", round=r)
+            del run["curve"], run["val_loss"]
+            runs.append(run)
+            print(json.dumps(run), flush=True)
+    by = {}
+    for run in runs:
+        if run["round"] > 0 or rounds == 1:  # the first round sets the step counts (and warms up)
+            by.setdefault(run["name"], []).append(run["steady_tokens_per_s"])
+    ref = statistics.median(by["reference"])
+    for name, speeds in by.items():
+        m = statistics.median(speeds)
+        print(
+            f"{name}: median {m:.0f} tokens/s over {len(speeds)} runs ({', '.join(map(str, speeds))}), "
+            f"{m / ref:.3f}x the recipe's: {RECIPE_TOKENS * m / ref:,.0f} tokens in the recipe's time"
+        )
 
 
 def lstm_speed(precision: str, steps: int = 30) -> dict:
@@ -239,7 +306,17 @@ def main() -> None:
         type=int,
         help="score the loss-vs-time snapshots of the first N pairs only (each costs 6 evaluations)",
     )
+    ap.add_argument("--first-seed", type=int, default=1337, help="the seed of the first pair (then +1 each)")
     ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's own choice)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'KEY=VALUE ...'",
+        help="with --only tiny or --speed: a set of overrides (tokens=N: its own token count), run interleaved",
+    )
+    ap.add_argument("--speed", action="store_true", help="steady tokens/s of the recipe and each --variant")
+    ap.add_argument("--speed-seconds", type=float, default=8.0, help="--speed: seconds per run")
     ap.add_argument("--lstm-speed", action="store_true")
     args = ap.parse_args()
     if args.threads:
@@ -256,9 +333,19 @@ def main() -> None:
         return
     tokenizer, path, _ = prepare(CORPUS, "char", None)
     batches = Batches(load_tokens(path), context=64)  # the split does not depend on the context
+    if args.speed:
+        speed(tokenizer, batches, args.variant or [""], args.repeat, args.speed_seconds)
+        return
     overrides, runs = parse_set(args.set), []
     for i in range(args.repeat):
-        seed = 1337 + i
+        seed = args.first_seed + i
+        if args.only and args.variant:  # each variant in turn, one seed per round
+            for v in args.variant:
+                extra, tokens = parse_variant(v)
+                run = charlm(tokenizer, batches, seed, args.budget, tokens or args.tokens, overrides=overrides | extra)
+                runs.append(dict(run, name=v or "tiny"))
+                print(json.dumps(runs[-1]), flush=True)
+            continue
         if args.only:
             runs.append(charlm(tokenizer, batches, seed, args.budget, args.tokens, overrides=overrides))
         else:
