@@ -526,7 +526,7 @@ def flag_fields(cls) -> list:
 # 2-core laptop CPU and a two-minute run (benchmarks/RESULTS.md has the measurements).
 PRESET_TABLE: dict[str, dict[str, dict]] = {
     "transformer": {
-        "tiny": dict(n_layers=4, d_model=128, n_heads=4, context=256, dropout=0.0, batch_size=16, lr=8e-3),
+        "tiny": dict(n_layers=4, d_model=128, n_heads=4, context=64, dropout=0.0, batch_size=16, lr=8e-3),
         "small": dict(n_layers=6, d_model=256, n_heads=8, context=256, dropout=0.1, batch_size=32, lr=2e-3),
         "medium": dict(n_layers=8, d_model=512, n_heads=8, context=512, dropout=0.1, batch_size=32, lr=1e-3),
     },
