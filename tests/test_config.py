@@ -16,6 +16,7 @@ from charlm.config import PRESET_TABLE, ConfigError, ModelConfig, SampleConfig, 
 INTERNAL = {
     (ModelConfig, "vocab_size"),
     (ModelConfig, "mlp_ratio"),
+    (ModelConfig, "tied"),
     (TrainConfig, "min_lr_ratio"),
     (TrainConfig, "beta2"),
     (TrainConfig, "grad_clip"),
