@@ -89,6 +89,7 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             err = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env).stderr.splitlines()
             rows = [line.split("|") for line in err if line.startswith("import time:") and "|" in line]
+            rows = [r for r in rows if r[1].strip().isdigit()]  # not the header line
             top = sorted(rows, key=lambda r: -int(r[1]))[:10]
             print("\n| cumulative µs | module |\n|---:|---|")
             for r in top:

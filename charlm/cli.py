@@ -677,10 +677,10 @@ def lab(name, ckpt, quick, seed, seeds, out, text_file, plain, device, as_json):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
-    Measured at default size on a 2-core CPU shared with other jobs (load 12-15): wall time, and in
-    brackets CPU time, which is about the wall time on an idle core (the lab runs torch on one thread):
-      copy 891 s (79 s) · recall 1185 s (116 s) · cost 147 s (22 s) · positions 410 s (30 s)
-      heads 38 s (3 s) · ablate 47 s (4 s)
+    CPU time of one seed at default size on a 2-core AMD EPYC (Zen 3), about the wall time on an idle
+    core (the lab runs torch on one thread); --seeds K takes K times as long:
+      copy 108 s · recall 582 s · capacity 178 s · induction 58 s · cost 17 s · positions 15 s
+      heads 3 s · ablate 3 s
     """
     from contextlib import nullcontext
 

@@ -1,6 +1,6 @@
 """charlm lab: each experiment at --quick size through the CLI, checked against what is known to be true at
 that size (not merely that it ran), with thresholds where the results sit on a plateau (≈100% against
-chance), tried on several seeds (benchmarks/notes-lab.md). The copy run's models are shared: heads and
+chance), tried on seeds 0-2 (benchmarks/RESULTS.md, "Lab"). The copy run's models are shared: heads and
 ablate read them."""
 
 from __future__ import annotations
