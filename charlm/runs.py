@@ -252,3 +252,26 @@ def _evaluation(line: bytes) -> dict | None:
     ):
         return None
     return row if isinstance(row["step"], int) else None
+
+
+def usual_speed(key: str, tokens_per_s: float | None, path: Path) -> float | None:
+    """The fastest this machine has trained `key` (a model, its batch, device and threads) before, from path
+    (JSON: key -> tokens/s), which then records this run's speed. None the first time. A damaged or
+    unwritable file starts afresh: a speed record is never worth an error."""
+    try:
+        best = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        best = {}
+    best = best if isinstance(best, dict) else {}
+    before = best.get(key)
+    before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else None
+    if tokens_per_s is not None and math.isfinite(tokens_per_s) and tokens_per_s > 0:
+        best[key] = max(tokens_per_s, before or 0.0)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(best), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return before

@@ -98,6 +98,8 @@ class Result:
     last_val_loss: float | None
     params: int
     sample: str | None = None  # the final sample (sample_tokens > 0, rank 0)
+    tokens_per_s: float | None = None  # this session's median over its steps (evaluations left out)
+    usual_tokens_per_s: float | None = None  # the fastest this machine trained this set-up before (commands.train)
 
 
 class TrainingInterrupted(Exception):
@@ -319,6 +321,7 @@ class Trainer:
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
         seconds_before, session_start = self.train_seconds, time.perf_counter()
+        self.speeds = []  # tokens/s of each step of this session
         model.train()
         with self.signals as signals:
             self.on_event(
@@ -368,6 +371,7 @@ class Trainer:
                 self.step += 1
                 self.train_seconds = seconds_before + time.perf_counter() - session_start
                 elapsed = time.perf_counter() - t0
+                self.speeds.append(tokens_per_step / max(elapsed, 1e-9))
                 self.on_event(
                     Stepped(
                         step=self.step,
@@ -459,6 +463,7 @@ class Trainer:
             last_val_loss=last_val,
             params=self.params,
             sample=final,
+            tokens_per_s=sorted(self.speeds)[len(self.speeds) // 2] if getattr(self, "speeds", None) else None,
         )
 
     def sample_text(self, n_tokens: int, seed: int) -> str | None:

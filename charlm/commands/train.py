@@ -8,7 +8,9 @@ exceptions with a one-line message (TrainingInterrupted carries the saved step).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import platform
 import signal
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from typing import NoReturn
 
 from charlm import checkpoint, distributed, files, memory, runs
 from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.data import cache_dir
 from charlm.runtime import pick_device
 from charlm.train import Result, Trainer
 from charlm.views.text import shell_quote
@@ -62,7 +65,11 @@ def train(
         if settle_signals and not me.enabled:  # (under torchrun, SIGTERM must still stop a rank that hangs)
             for s in (signal.SIGINT, signal.SIGTERM):  # fit() handles them from its first line
                 signal.signal(s, signal.SIG_IGN)
-        return run.fit()
+        result = run.fit()
+        if device == "cpu" and me.is_main and len(run.speeds) >= SPEED_STEPS:  # for the summary to compare
+            usual = runs.usual_speed(_speed_key(run), result.tokens_per_s, cache_dir() / "speeds.json")
+            result = dataclasses.replace(result, usual_tokens_per_s=usual)
+        return result
     except files.WriteError as e:
         if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
             raise files.WriteError(
@@ -75,6 +82,26 @@ def train(
         distributed.close()
         if lock:
             lock.release()
+
+
+SPEED_STEPS = 50  # a run's speed is recorded, and compared, from this many steps: a short run's is noise
+
+
+def _speed_key(run: Trainer) -> str:
+    """What a training speed depends on: the CPU, the threads, the model and the batch."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    m, t = run.model_cfg, run.cfg
+    return (
+        f"{cpu} · {torch.get_num_threads()} threads · {m.describe()} · vocab {m.vocab_size} · "
+        f"batch {t.batch_size}×{t.grad_accum} · {t.precision}"
+    )
 
 
 def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given):

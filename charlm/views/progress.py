@@ -154,14 +154,14 @@ class TrainView:
         table.add_row("steps", f"{result.step} ({why[result.stopped]})")
         table.add_row("time", self._time(result))
         table.add_row("parameters", f"{result.params:,}")
-        table.add_row("speed", f"{self.tps:,.0f} tokens/s")
+        table.add_row("speed", f"{result.tokens_per_s or self.tps:,.0f} tokens/s")  # the median over the steps
         if result.best_val_loss is not None:
             table.add_row(
                 "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
             )
         table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
         self.console.print(table)
-        if busy := self._busy():
+        if busy := self._busy() or self._slow(result):
             self.console.print(Text(busy, style="yellow"))
         if result.sample:
             self.console.print("[bold]sample:[/]")
@@ -197,6 +197,19 @@ class TrainView:
             f"the CPU was busy: load {load:.1f} on {cores} cores, so this run had about {cores / load:.0%} of it "
             f"({self.tps:,.0f} tokens/s) and did fewer steps than this machine can alone. Train again when it is "
             "quieter, or for longer."
+        )
+
+    def _slow(self, result: Result) -> str:
+        """A word on a run much slower than this machine has trained the same set-up before (another program
+        on one of two cores makes torch's threads wait on each other at every step: a 3x slower run, though
+        the load average hardly shows it)."""
+        usual, now = result.usual_tokens_per_s, result.tokens_per_s
+        if not usual or not now or now >= 0.6 * usual:
+            return ""
+        return (
+            f"this run trained at {now:,.0f} tokens/s, {usual / now:.1f}x slower than this machine has trained the "
+            f"same model before ({usual:,.0f}): the CPU was busy, so it did fewer steps than it can. Train again "
+            "when it is quieter, or for longer."
         )
 
     def _time(self, result: Result) -> str:
