@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from charlm import checkpoint
 from charlm.config import ModelConfig, preset
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
+from charlm.runtime import cpu_name
 from charlm.tokenizer import CharTokenizer
 
 TEXT = (
@@ -111,20 +111,6 @@ def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
     }
 
 
-def machine() -> str:
-    """The CPU as /proc/cpuinfo names it (family and model tell Zen 1, 3 and 4 apart), and whether it has
-    AVX-512: a figure must say which machine it came from."""
-    try:
-        info = dict(
-            line.split(":", 1) for line in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in line
-        )
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        avx512 = "AVX-512" if "avx512f" in info["flags"].split() else "no AVX-512"
-        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}, {avx512})"
-    except (OSError, KeyError):
-        return platform.processor() or platform.machine()
-
-
 def load() -> str:
     return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
@@ -170,7 +156,7 @@ def main() -> None:
     sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
 
     print(
-        f"machine: {machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads available "
+        f"machine: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads available "
         f"(generation runs on 1), torch {torch.__version__}, numpy {np.__version__}; {load()} at the start"
     )
     rows = []

@@ -3,6 +3,8 @@ Shared by training and by the commands that only run a model (sample, chat, eval
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 from charlm.config import ConfigError
@@ -28,3 +30,16 @@ def autocast_dtype(device: str, precision: str) -> torch.dtype | None:
         return torch.bfloat16 if precision == "bf16" or torch.cuda.is_bf16_supported() else torch.float16
     native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     return torch.bfloat16 if precision == "bf16" or native_bf16 else None
+
+
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it (family and model tell Zen 1, 3 and 4 apart, where the name may be
+    just "AMD EPYC"), and whether it has AVX-512; elsewhere what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            first = f.read().split("\n\n")[0]
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+        avx512 = "AVX-512" if "avx512f" in info["flags"].split() else "no AVX-512"
+        return f"{info['model name']} (family {info['cpu family']}, model {info['model']}, {avx512})"
+    except (OSError, KeyError):
+        return platform.processor() or platform.machine()

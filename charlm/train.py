@@ -18,6 +18,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -186,6 +187,7 @@ class Trainer:
         self.out_dir, self.cfg = Path(out_dir), cfg
         self.starts, self.mask = starts, mask  # a task posed example by example: see data.Batches
         self.on_event = on_event or (lambda event: None)
+        self.speeds: list[float] = []  # tokens/s of each step of the latest fit(): its session
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
@@ -321,7 +323,7 @@ class Trainer:
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.dist.world_size * self.model_cfg.context
         last_eval_step, last_val, stopped = None, None, "steps"
         seconds_before, session_start = self.train_seconds, time.perf_counter()
-        self.speeds = []  # tokens/s of each step of this session
+        self.speeds = []
         model.train()
         with self.signals as signals:
             self.on_event(
@@ -463,7 +465,7 @@ class Trainer:
             last_val_loss=last_val,
             params=self.params,
             sample=final,
-            tokens_per_s=sorted(self.speeds)[len(self.speeds) // 2] if getattr(self, "speeds", None) else None,
+            tokens_per_s=statistics.median(self.speeds) if self.speeds else None,
         )
 
     def sample_text(self, n_tokens: int, seed: int) -> str | None:

@@ -13,8 +13,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from charlm.checkpoint import Corpus, Saved
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
+from charlm.models import count_params
+from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
 
 # A terminal's size comes from the terminal (the pty tests) or Rich's default of 80 columns (CliRunner),
@@ -117,6 +120,25 @@ def train_runs(root: Path, text: str, specs: dict[str, tuple[ModelConfig, TrainC
             Trainer(corpus, model_cfg, train_cfg, root / name).fit()
             runs[name] = root / name
     return runs
+
+
+def saved_model(model, chars: str, **fields) -> Saved:
+    """A checkpoint's payload for a model a test built: a char tokenizer of `chars`, a tiny corpus record and
+    plain values for the rest; `fields` replace any of them."""
+    plain = dict(
+        run_name="run",
+        model_config=model.cfg,
+        train_config=TrainConfig(),
+        tokenizer=CharTokenizer(list(chars)).to_json(),
+        model=model.state_dict(),
+        step=1,
+        train_seconds=0.5,
+        best_val_loss=1.0,
+        best_val_bpc=1.5,
+        params=count_params(model),
+        corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
+    )
+    return Saved(**(plain | fields))
 
 
 def tiny_train(steps: int, **kw) -> TrainConfig:

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, one_line_error
+from conftest import cli, one_line_error, saved_model
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import CheckpointError, Corpus, Saved
-from charlm.config import ModelConfig, SampleConfig, TrainConfig
+from charlm.checkpoint import CheckpointError, Saved
+from charlm.config import ModelConfig, SampleConfig
 from charlm.generate import sample_next_token, sampling_probs
-from charlm.models import build_model, count_params
-from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json
+from charlm.models import build_model
+from charlm.tokenizer import BPETokenizer, tokenizer_from_json
 
 # ---- a tiny checkpoint, and ways to change it -----------------------------------------------------------
 
@@ -40,19 +40,7 @@ def tiny(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     cfg = ModelConfig(kind="transformer", vocab_size=3, n_layers=1, d_model=4, n_heads=2, context=4)
     model = build_model(cfg)
-    saved = Saved(
-        run_name="run",
-        model_config=cfg,
-        train_config=TrainConfig(),
-        tokenizer=CharTokenizer(list("ab\n")).to_json(),
-        model=model.state_dict(),
-        step=1,
-        train_seconds=0.5,
-        best_val_loss=1.0,
-        best_val_bpc=1.5,
-        params=count_params(model),
-        corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
-    )
+    saved = saved_model(model, "ab\n")
     checkpoint.save(saved, run / "last.pt")
     return run / "last.pt"
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import saved_model
 
 from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration, preset
 from charlm.models import build_model, count_params, param_shapes
@@ -50,7 +51,6 @@ def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
     """ModelConfig.tied=False (the lab's recall and copy models): the head is a matrix of its own, in the
     shapes a checkpoint is checked against, in the count, and through a save and load (fast decode included)."""
     from charlm import checkpoint
-    from charlm.checkpoint import Corpus, Saved
     from charlm.models import param_count
 
     tied = ModelConfig("transformer", V, 2, 16, 2, T)
@@ -59,19 +59,7 @@ def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
     assert model.head.weight.data_ptr() != model.tok_emb.weight.data_ptr()
     assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in model.state_dict().items()}
     assert param_count(cfg) == count_params(model) == param_count(tied) + V * 16
-    saved = Saved(
-        run_name="u",
-        model_config=cfg,
-        train_config=TrainConfig(),
-        tokenizer=CharTokenizer([chr(97 + i) for i in range(V)]).to_json(),
-        model=model.state_dict(),
-        step=1,
-        train_seconds=1.0,
-        best_val_loss=1.0,
-        best_val_bpc=1.0,
-        params=count_params(model),
-        corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
-    )
+    saved = saved_model(model, "".join(chr(97 + i) for i in range(V)), run_name="u")
     checkpoint.save(saved, tmp_path / "u" / "last.pt")
     back = checkpoint.load(tmp_path / "u" / "last.pt").model
     assert not back.cfg.tied and torch.equal(back.head.weight, model.head.weight)

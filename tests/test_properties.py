@@ -21,17 +21,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import cli
+from conftest import cli, saved_model
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import CheckpointError, Corpus, Saved
+from charlm.checkpoint import CheckpointError, Saved
 from charlm.commands.chat import Chat, Hint, Session
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.generate import sample_next_token, sampling_probs
-from charlm.models import build_model, count_params, param_shapes
+from charlm.models import build_model, param_shapes
 from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json
 
 
@@ -94,20 +94,15 @@ def tiny_checkpoint(path: Path, kind: str = "transformer") -> Path:
     torch.manual_seed(0)
     cfg = ModelConfig(kind=kind, vocab_size=4, n_layers=1, d_model=4, n_heads=2, context=8)
     model = build_model(cfg)
-    saved = Saved(
-        run_name="run",
-        model_config=cfg,
-        train_config=TrainConfig(),
-        tokenizer=CharTokenizer(list("ab \n")).to_json(),
-        model=model.state_dict(),
+    saved = saved_model(
+        model,
+        "ab \n",
         step=3,
         train_seconds=1.5,
         best_val_loss=1.2,
         best_val_bpc=1.7,
-        params=count_params(model),
         device="cpu",
         metrics={"step": 3, "val_loss": 1.2},
-        corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
     )
     checkpoint.save(saved, path)
     return path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from typing import NoReturn
 from charlm import checkpoint, distributed, files, memory, runs
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.data import cache_dir
-from charlm.runtime import pick_device
+from charlm.runtime import cpu_name, pick_device
 from charlm.train import Result, Trainer
 from charlm.views.text import shell_quote
 
@@ -91,15 +90,9 @@ def _speed_key(run: Trainer) -> str:
     """What a training speed depends on: the CPU, the threads, the model and the batch."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     m, t = run.model_cfg, run.cfg
     return (
-        f"{cpu} · {torch.get_num_threads()} threads · {m.describe()} · vocab {m.vocab_size} · "
+        f"{cpu_name()} · {torch.get_num_threads()} threads · {m.describe()} · vocab {m.vocab_size} · "
         f"batch {t.batch_size}×{t.grad_accum} · {t.precision}"
     )
 

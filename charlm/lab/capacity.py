@@ -25,12 +25,12 @@ from charlm.lab.common import (
     bits_per_symbol,
     lab_train_config,
     load_run,
-    params_of,
     record,
     seeds_of,
     spread,
     train_model,
 )
+from charlm.models import param_count
 
 DEFAULTS = dict(
     hidden=(16, 32, 64, 128),
@@ -60,7 +60,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         )
         for seed_ in seed_list:
             name = f"capacity-lstm-h{H}-s{seed_}"
-            progress(f"training {name} ({k}/{len(s['hidden'])}, seed {seed_}, {params_of(cfg):,} parameters)")
+            progress(f"training {name} ({k}/{len(s['hidden'])}, seed {seed_}, {param_count(cfg):,} parameters)")
             data = tasks.corpus("copy", tuple(range(1, s["longest"] + 1)), s["train_chars"], seed_ + H)
             cfg_train = lab_train_config(s["steps"], seed_, device, s["batch_size"], s["lr"])
             run_dir = train_model(data, out / name, cfg, cfg_train)

@@ -175,13 +175,9 @@ def load_run(run_dir: Path, device: str = "cpu") -> checkpoint.Checkpoint:
     return checkpoint.load(run_dir, device=device)
 
 
-def params_of(cfg: ModelConfig) -> int:
-    return param_count(cfg)  # by arithmetic (models/shapes.py): no model built
-
-
 def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
     """An LSTM/GRU with the transformer's layers and context whose width gives it about as many parameters."""
-    target = params_of(transformer)
+    target = param_count(transformer)
     best = None
     for d in range(8, 4 * transformer.d_model + 1, 4):
         cfg = ModelConfig(
@@ -191,7 +187,7 @@ def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
             d_model=d,
             context=transformer.context,
         )
-        gap = abs(params_of(cfg) - target)
+        gap = abs(param_count(cfg) - target)
         if best is None or gap < best[0]:
             best = (gap, cfg)
     return best[1]
@@ -270,7 +266,7 @@ def sweep(
         for seed in seeds:
             name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}-s{seed}"
             progress(
-                f"training {name} ({k}/{len(jobs)}, seed {seed}, {params_of(cfg):,} parameters, {s['steps']} steps)"
+                f"training {name} ({k}/{len(jobs)}, seed {seed}, {param_count(cfg):,} parameters, {s['steps']} steps)"
             )
             t0 = clock()
             run_dir = train_model(
@@ -293,7 +289,7 @@ def sweep(
                 model=kind,
                 **{key: n},
                 **spread(scores),
-                params=params_of(cfg),
+                params=param_count(cfg),
                 train_seconds=statistics.fmean(seconds),
             )
         )

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from charlm.config import ModelConfig, preset
-from charlm.lab.common import Chart, Clock, LabResult, fit_exponent, params_of, record
-from charlm.models import build_model
+from charlm.lab.common import Chart, Clock, LabResult, fit_exponent, record
+from charlm.models import build_model, param_count
 
 DEFAULTS = dict(
     contexts=(64, 128, 256, 512, 1024),
@@ -106,7 +106,7 @@ def run(out=None, seed: int = 0, device: str = "cpu", progress=print, **settings
     exps = exponents(records)
     details = {
         "exponents": exps,
-        "params": {k: params_of(c) for k, c in cfgs.items()},
+        "params": {k: param_count(c) for k, c in cfgs.items()},
         "threads": torch.get_num_threads(),
     }
     return LabResult(
