@@ -388,7 +388,7 @@ def test_a_bad_tokenizer_is_a_value_error(text, message):
     """Property tests: tokenizer_from_json raised AttributeError, TypeError, KeyError or the tokenizers
     library's bare Exception on JSON that is not a tokenizer (a damaged token cache, data.prepare, was then an
     "unexpected" error); it is a ValueError that says what is wrong."""
-    with pytest.raises(ValueError, match="") as e:
+    with pytest.raises(ValueError) as e:
         tokenizer_from_json(text)
     assert type(e.value) is ValueError and message in str(e.value) and "\n" not in str(e.value)
 
