@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from charlm.lab.heads import score_heads
 
 
 def lab(*args: str, out=None) -> dict:
-    """On the CPU on any machine (where --precision auto may pick bf16: the thresholds leave room for it)."""
+    """On the CPU, in float32 on every machine (lab models do not take --precision auto's bf16)."""
     extra = ["--out", str(out)] if out is not None else []
     result = CliRunner().invoke(main, ["lab", *args, "--quick", "--json", "--device", "cpu", *extra])
     assert result.exit_code == 0, result.output
@@ -172,14 +173,31 @@ def test_positions_learned_tables_cannot_stretch(tmp_path):
         assert at[(pos, C)] < math.log2(12)  # better than guessing among the 12 characters
 
 
-def test_recall_scores_fresh_questions(tmp_path):
+def test_recall_one_model_learns_every_p_and_attention_looks_each_pair_up(tmp_path):
     out = lab("recall", out=tmp_path / "runs")
-    acc = {r["model"]: r["accuracy"] for r in out["results"]}
-    assert set(acc) == {"transformer", "lstm"} and out["settings"]["pairs"] == [2]
-    # measured (seeds 0-2, Zen 3): the Transformer 98.5-99.3% (its lookup circuit forms), the LSTM 71.5-80%
-    # (two pairs fit in a small state, well above guessing: 10%)
-    assert acc["transformer"] >= 0.9 and acc["lstm"] >= 0.4
-    assert f"{acc['lstm']:.0%} at P=2" in out["reading"] and "guessing gives 10%" in out["reading"]
+    acc = {(r["model"], r["pairs"]): r["accuracy"] for r in out["results"]}
+    assert out["settings"]["pairs"] == [2, 4] and set(acc) == {(m, p) for m in ("transformer", "lstm") for p in (2, 4)}
+    assert [Path(run).name for run in out["runs"]] == ["recall-transformer-p2-4-s0", "recall-lstm-p2-4-s0"]
+    # measured (seeds 0-2, Zen 4, float32): the Transformer 99.6-100% at P=2 and 4 (its lookup circuit forms
+    # by step 400-700 of 700); the LSTM 75-79% at P=2, 57-59% at P=4: above guessing (10%), falling as P grows
+    assert min(acc[("transformer", 2)], acc[("transformer", 4)]) >= 0.9
+    assert 0.3 <= acc[("lstm", 4)] <= 0.75 and acc[("lstm", 4)] < acc[("lstm", 2)] - 0.05
+    assert f"{acc[('lstm', 4)]:.0%} at P=4" in out["reading"] and "guessing gives 10%" in out["reading"]
+    assert "Attention wins wherever the two differ" in out["reading"]
+
+
+def test_a_padded_task_text_holds_one_example_a_window():
+    """recall's mixed sizes: a line padded with newlines to the longest example, so a window of that length + 1
+    from an example's start holds no key of the next example."""
+    from charlm.lab import tasks
+
+    data = tasks.corpus("recall", (2, 4), 3000, seed=0, pad=20)
+    lines = data.text.split("\n")
+    assert len({len(line) for line in lines[1:] if line}) == 2  # P=2 and P=4 examples, mixed
+    for start in data.starts:
+        window = data.text[start : start + 21 + 1]  # the newline before it, 20 characters, the next newline
+        assert window[0] == "\n" and window[-1] == "\n" and "\n" not in window[1:].rstrip("\n")
+    assert all(data.text[i] in tasks.VALUES for i in np.flatnonzero(data.mask))  # the answers, only them
 
 
 def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
@@ -250,6 +268,26 @@ def test_capacity_a_larger_state_copies_longer(tmp_path):
     assert "grows with the state" in out["reading"]
 
 
+def test_induction_reads_a_score_by_its_growth_factor_and_the_loss_in_nats():
+    """Where a curve turns: the loss where it falls most in nats, a score where it grows by the largest factor.
+    Here the score doubles (0.1 -> 0.2) in the interval where the loss falls most and adds more in the next
+    (0.2 -> 0.35): read linearly it would turn one interval late, after the loss had already fallen."""
+    from charlm.lab.induction import found_circuit, reading
+
+    losses, scores = [4.0, 3.9, 3.8, 1.5, 0.5, 0.3], [0.05, 0.06, 0.1, 0.2, 0.35, 0.4]
+    curve = [
+        dict(step=50 * i, repeat_loss=loss, repeat_accuracy=1 - loss / 4, previous=score, previous_head="L0H1",
+             induction=score, induction_head="L1H0")
+        for i, (loss, score) in enumerate(zip(losses, scores))
+    ]  # fmt: skip
+    found = found_circuit(curve, seed=0, run="r")
+    assert found["loss_drop_step"] == 150 and found["induction_rise_step"] == 150
+    assert found["induction_rise"] == [0.1, 0.2]
+    text = reading([found, {**found, "seed": 1}], dict(segment=(8, 24), steps=250, every=50), "abab")
+    assert "most steeply between steps 100 and 150; the induction score grows most in the same interval (×2.0" in text
+    assert "in the same interval of 50 steps in 2 of 2 seeds" in text
+
+
 def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
     out = lab("induction", out=tmp_path / "runs")
     curve = out["results"]
@@ -258,8 +296,10 @@ def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
     assert end["repeat_loss"] < 1.0 and end["repeat_accuracy"] > 0.8  # the repeat is found
     # no head does either at the start; at the end a layer-0 head looks at the previous letter and a layer-1
     # head at the letter after the current one's last occurrence
+    # (measured at this size, seeds 0-2, Zen 4: previous 0.47-0.58, induction 0.34-0.77 at the end; uniform
+    # attention over the probe gives ~0.09)
     assert start["previous"] < 0.25 and start["induction"] < 0.25
-    assert end["previous"] >= 0.3 and end["induction"] >= 0.3
+    assert end["previous"] >= 0.3 and end["induction"] >= 0.2
     circuit = out["details"]["circuits"][0]
     assert circuit["previous_head"].startswith("L0") and circuit["induction_head"].startswith("L1")
     run = out["runs"][0]

@@ -35,17 +35,18 @@ class Init:
     """How a lab Transformer's weights are drawn again before its first step (lab_init). charlm's own init is
     GPT-2's (0.02, made for widths near 768): at width 64 it leaves attention almost uniform."""
 
-    std: float  # the matrices that read the residual stream (and an untied head)
+    std: float | None  # the matrices that read the residual stream (and an untied head); None: PyTorch's own init
     embeddings: float | None = None  # the token and position tables (None: std)
     residual: float | None = None  # the projections that write to it (None: charlm's, scaled down)
 
 
 # induction: its phase change came at 350-450 steps in each of seeds 0, 1, 2 measured
 INDUCTION_INIT = Init(0.05)
-# copy and recall: about PyTorch's own defaults (embeddings N(0, 1), matrices ~1/sqrt(3 d)). From 0.05 with
-# small embeddings the recall model sat in its elimination shortcut (~45% at P=8) for 1600 steps in every
-# seed tried; from this init the lookup circuit forms in 400-800 steps (benchmarks/RESULTS.md, Lab)
-LOOKUP_INIT = Init(0.07, embeddings=1.0, residual=0.07)
+# copy and recall: PyTorch's own init (embeddings N(0, 1), each Linear uniform within ±1/sqrt(fan-in)), as the
+# independent reference (benchmarks/lab_recall_reference.py) draws it. With charlm's small init recall sat in its
+# elimination shortcut (~45% at P=8) in every seed; with one std of 0.07 for every matrix it still did in seed 0
+# for 1,000 steps; from PyTorch's init the lookup circuit formed by step 300-600 in 6 of 6 seeds (RESULTS, Lab)
+PYTORCH_INIT = Init(None)
 
 
 @dataclass
@@ -101,15 +102,21 @@ def lab_train_config(
     optimizer: str = "adamw",
     eval_interval: int | None = None,
     constant_lr: bool = False,
+    beta2: float = TrainConfig.beta2,
+    warmup: int | None = None,
 ) -> TrainConfig:
     # AdamW by default (with Muon recall fell into its shortcut at once: notes-lab.md); one evaluation at the
     # end unless asked (the lab scores its models itself); no samples. constant_lr: no cosine decay after the
-    # warmup (a circuit that forms late, in a phase change, still has the learning rate to form)
+    # warmup (a circuit that forms late, in a phase change, still has the learning rate to form). float32 on
+    # every CPU: a lab result must not depend on whether the machine has bf16 (auto would pick it on a Zen 4,
+    # where these small Transformers also train slower in it)
     return TrainConfig(
         steps=steps,
         batch_size=batch_size,
         lr=lr,
-        warmup=min(50, steps // 10),
+        warmup=min(50, steps // 10) if warmup is None else warmup,
+        beta2=beta2,
+        precision="fp32",
         optimizer=optimizer,
         eval_interval=eval_interval or steps,
         eval_iters=4,
@@ -151,6 +158,13 @@ def lab_trainer(
 @torch.no_grad()
 def lab_init(model: torch.nn.Module, init: Init, seed: int) -> None:
     """Draw the weights of a fresh Transformer again (see Init), in place, before its first step."""
+    if init.std is None:
+        with torch.random.fork_rng(devices=[]):  # PyTorch's init draws from the global generator: keep it as it was
+            torch.manual_seed(seed)
+            for module in model.modules():
+                if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    module.reset_parameters()
+        return
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -241,59 +255,66 @@ def spread(values: list[float]) -> dict:
 
 
 def sweep(
-    task: str, sizes, s: dict, context_for, out: Path, seeds: list[int], device: str, progress
+    task: str, sizes, s: dict, context_for, out: Path, seeds: list[int], device: str, progress, mixed: bool = False
 ) -> tuple[list[dict], dict]:
-    """Train a Transformer (settings s) and a same-size LSTM at each task size and seed, with the same
-    budget, and score each on fresh examples. Returns (one record per model and size, over the seeds;
-    run directory by (model, size, seed))."""
+    """Train a Transformer (settings s) and a same-size LSTM with the same budget, and score each at every task
+    size on fresh examples. One model per size and seed, or with `mixed` one per seed that learns every size
+    at once (examples of each size, one a row, padded to the longest) and is scored at each: the protocol of
+    Zoology's multi-query recall. Returns (one record per model and size, over the seeds; run directory by
+    (model, size, seed))."""
     key = {"copy": "length", "recall": "pairs"}[task]
-    records, runs = [], {}
-    jobs = [(n, kind) for n in sizes for kind in ("transformer", "lstm")]
+    groups = [tuple(sizes)] if mixed else [(n,) for n in sizes]  # the sizes one model learns
+    scores, seconds, configs, runs = {}, {}, {}, {}
+    jobs = [(group, kind) for group in groups for kind in ("transformer", "lstm")]
     clock = Clock()
-    for k, (n, kind) in enumerate(jobs, 1):
-        tf = ModelConfig(
-            kind="transformer",
-            vocab_size=tasks.vocab_size(task),
-            n_layers=s["layers"],
-            d_model=s["d_model"],
-            n_heads=s["heads"],
-            context=context_for(n),
-            positions="learned",  # one example a window, always from its start: absolute positions suffice
-            tied=False,  # a head of its own: tied, the key's own embedding pulls each answer toward the key
-        )
-        cfg = tf if kind == "transformer" else matched_rnn(tf, "lstm")
-        scores, seconds = [], []
+    for k, (group, kind) in enumerate(jobs, 1):
+        cfg = lab_model(task, s, context_for(max(group)), kind)
         for seed in seeds:
-            name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{n}-s{seed}"
+            name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{'-'.join(map(str, group))}-s{seed}"
             progress(
                 f"training {name} ({k}/{len(jobs)}, seed {seed}, {param_count(cfg):,} parameters, {s['steps']} steps)"
             )
             t0 = clock()
-            run_dir = train_model(
-                tasks.corpus(task, n, s["train_chars"], seed + n),
-                out / name,
-                cfg,
-                lab_train_config(
-                    s["steps"], seed, device, s["batch_size"], s["lr"], constant_lr=s.get("constant_lr", False)
-                ),
-                LOOKUP_INIT,
+            data = tasks.corpus(
+                task, group, s["train_chars"], seed + max(group), pad=tasks.example_length(task, max(group))
             )
-            seconds.append(clock() - t0)
-            ck = load_run(run_dir)
-            scores.append(
-                accuracy(ck.model, ck.tokenizer, tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n))
+            # the reference's optimizer: AdamW, betas (0.9, 0.95), a constant rate from the first step
+            train_cfg = lab_train_config(
+                s["steps"], seed, device, s["batch_size"], s["lr"], constant_lr=True, beta2=0.95, warmup=0
             )
-            runs[(kind, n, seed)] = str(run_dir)
-        records.append(
-            record(
-                model=kind,
-                **{key: n},
-                **spread(scores),
-                params=param_count(cfg),
-                train_seconds=statistics.fmean(seconds),
-            )
+            ck = load_run(train_model(data, out / name, cfg, train_cfg, PYTORCH_INIT))
+            for n in group:
+                examples = tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n)
+                scores.setdefault((kind, n), []).append(accuracy(ck.model, ck.tokenizer, examples))
+                seconds.setdefault((kind, n), []).append(clock() - t0)
+                configs[(kind, n)], runs[(kind, n, seed)] = cfg, str(out / name)
+    records = [
+        record(
+            model=kind,
+            **{key: n},
+            **spread(scores[(kind, n)]),
+            params=param_count(configs[(kind, n)]),
+            train_seconds=statistics.fmean(seconds[(kind, n)]),
         )
+        for n in sizes
+        for kind in ("transformer", "lstm")
+    ]
     return records, runs
+
+
+def lab_model(task: str, s: dict, context: int, kind: str) -> ModelConfig:
+    """The Transformer of copy and recall (settings s), or the LSTM of about its size."""
+    tf = ModelConfig(
+        kind="transformer",
+        vocab_size=tasks.vocab_size(task),
+        n_layers=s["layers"],
+        d_model=s["d_model"],
+        n_heads=s["heads"],
+        context=context,
+        positions="learned",  # one example a window, always from its start: absolute positions suffice
+        tied=False,  # a head of its own: tied, the key's own embedding pulls each answer toward the key
+    )
+    return tf if kind == "transformer" else matched_rnn(tf, kind)
 
 
 def params(records: list[dict]) -> str:

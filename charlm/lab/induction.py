@@ -8,7 +8,10 @@ measured on fresh lines: the loss on the repeat, and every head's scores on a pr
 twice (heads.score_heads, averaged over probes of several lengths P across the range of S, so that a head
 looking a fixed distance back cannot pass for an induction head): the best previous-token score in layer
 0 and the best induction score in the layers above. Where a curve turns is the interval in which it
-moves most (the loss falls most, the score rises most). The two-layer circuit is a previous-token head whose output lets a head of layer 1
+moves most on a log scale: the loss falls most in nats (a log already: -log p), a score grows by the
+largest factor (a head's weight on a key grows as the exponential of its logit; read linearly, a score
+that doubles from 0.1 looks smaller than its later climb from 0.2 to 0.4, which happens while the loss
+has already fallen). The two-layer circuit is a previous-token head whose output lets a head of layer 1
 match the current letter against "the letter before" each earlier position: the loss falls when the
 induction head forms.
 """
@@ -137,17 +140,21 @@ def measure(model, tokenizer, fresh, probes: list[tuple[list[int], int]], step: 
     )
 
 
-def _turn(curve: list[dict], key: str, falling: bool) -> int:
-    """The step that ends the evaluation interval in which `key` moved most (fell most, or rose most)."""
-    sign = -1 if falling else 1
-    moves = [(sign * (b[key] - a[key]), b["step"]) for a, b in zip(curve, curve[1:])]
+def _turn(curve: list[dict], key: str, falling: bool = False) -> int:
+    """The step that ends the evaluation interval in which `key` moved most: the loss (falling) by the most
+    nats, a score by the largest factor (the most in log)."""
+    if falling:
+        moves = [(a[key] - b[key], b["step"]) for a, b in zip(curve, curve[1:])]
+    else:
+        moves = [(math.log(max(b[key], 1e-9) / max(a[key], 1e-9)), b["step"]) for a, b in zip(curve, curve[1:])]
     return max(moves)[1]
 
 
 def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
-    """Where one seed's curves turn (the interval of the steepest fall of the loss, of the steepest rise of
-    each score), and the heads that hold the scores at the end."""
-    end = curve[-1]
+    """Where one seed's curves turn (_turn: the interval of the steepest fall of the loss, of the largest
+    growth of each score), and the heads that hold the scores at the end."""
+    end, at = curve[-1], {r["step"]: r for r in curve}
+    every = curve[1]["step"] - curve[0]["step"]
     return {
         "seed": seed,
         "run": run,
@@ -155,8 +162,9 @@ def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
         "loss_end": end["repeat_loss"],
         "accuracy_end": end["repeat_accuracy"],
         "loss_drop_step": _turn(curve, "repeat_loss", falling=True),
-        "induction_rise_step": _turn(curve, "induction", falling=False),
-        "previous_rise_step": _turn(curve, "previous", falling=False),
+        "induction_rise_step": (rise := _turn(curve, "induction")),
+        "induction_rise": [at[rise - every]["induction"], at[rise]["induction"]],  # the score before and after it
+        "previous_rise_step": _turn(curve, "previous"),
         "induction_head": end["induction_head"],
         "induction": end["induction"],
         "previous_head": end["previous_head"],
@@ -181,18 +189,27 @@ def reading(found: list[dict], s: dict, example: str) -> str:
             )
             continue
         drop, rise, every = f["loss_drop_step"], f["induction_rise_step"], s["every"]
+        apart = abs(drop - rise) // every
         together = (
             "in the same interval"
             if drop == rise
-            else f"{abs(drop - rise) // every} interval(s) {'later' if rise > drop else 'earlier'}"
+            else f"{apart} interval{'s' * (apart > 1)} {'later' if rise > drop else 'earlier'}"
         )
         parts.append(
             f"Seed {f['seed']}: the loss falls from {f['loss_start']:.2f} to {f['loss_end']:.2f} "
             f"({f['accuracy_end']:.0%} of the repeat right), most steeply between steps {drop - every} and "
-            f"{drop}; the induction score of {f['induction_head']} rises most {together}, to "
+            f"{drop}; the induction score grows most {together} (×{f['induction_rise'][1] / f['induction_rise'][0]:.1f}, "
+            f"{f['induction_rise'][0]:.2f} → {f['induction_rise'][1]:.2f}), {f['induction_head']} reaching "
             f"{f['induction']:.2f} by the end. Layer 0's {f['previous_head']} attends to the previous letter "
-            f"({f['previous']:.2f}; its steepest rise ends at step {f['previous_rise_step']}): the previous-token "
-            "head that the induction head reads."
+            f"({f['previous']:.2f}; it grows most in the interval ending at step {f['previous_rise_step']}): the "
+            "previous-token head that the induction head reads."
+        )
+    formed = [f for f in found if f["loss_end"] < chance / 2]
+    if len(found) > 1:
+        same = sum(f["loss_drop_step"] == f["induction_rise_step"] for f in formed)
+        parts.append(
+            f"The loss drop and the induction head's growth fall in the same interval of {s['every']} steps in "
+            f"{same} of {len(found)} seeds."
         )
     f = found[0]
     layer, head = f["induction_head"][1:].split("H")

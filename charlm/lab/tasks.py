@@ -85,9 +85,12 @@ class TaskText:
     mask: np.ndarray  # one bool per character: True at the targets
 
 
-def corpus(task: str, sizes: int | tuple[int, ...], chars: int, seed: int) -> TaskText:
+def corpus(task: str, sizes: int | tuple[int, ...], chars: int, seed: int, pad: int | None = None) -> TaskText:
     """About `chars` characters of examples, one per line, each of a size drawn from `sizes` (or of that one
-    size). The first line is the alphabet, once, so the char tokenizer built from this text knows it all."""
+    size). The first line is the alphabet, once, so the char tokenizer built from this text knows it all.
+    pad: fill each line with newlines to this many characters, so that a window of pad + 1 tokens from an
+    example's start holds that example alone (recall: a key asked again must not find the same key in the
+    next example)."""
     rng = random.Random(seed)
     choices = (sizes,) if isinstance(sizes, int) else tuple(sizes)
     lines = [alphabet(task)]
@@ -97,8 +100,9 @@ def corpus(task: str, sizes: int | tuple[int, ...], chars: int, seed: int) -> Ta
         e = TASKS[task](rng, rng.choice(choices) if len(choices) > 1 else choices[0])
         starts.append(n)
         targets.extend(n + 1 + t for t in e.targets)
-        lines.append(e.text)
-        n += 1 + len(e.text)
+        text = e.text + "\n" * max(0, (pad or 0) - len(e.text))
+        lines.append(text)
+        n += 1 + len(text)
     text = "\n".join(lines) + "\n"
     mask = np.zeros(len(text), dtype=bool)
     mask[targets] = True
