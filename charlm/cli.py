@@ -677,10 +677,10 @@ def lab(name, ckpt, quick, seed, seeds, out, text_file, plain, device, as_json):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
-    CPU time of one seed at default size on a 2-core AMD EPYC (Zen 3), about the wall time on an idle
+    CPU time of one seed at default size on a 2-core AMD EPYC (Zen 4), about the wall time on an idle
     core (the lab runs torch on one thread); --seeds K takes K times as long:
-      copy 108 s · recall 582 s · capacity 178 s · induction 58 s · cost 17 s · positions 15 s
-      heads 3 s · ablate 3 s
+      copy 75 s · recall 211 s · capacity 127 s · induction 39 s · cost 9 s · positions 12 s
+      heads 2 s · ablate 2 s
     """
     from contextlib import nullcontext
 
