@@ -5,7 +5,6 @@ torch at the top: --help, argument errors and the commands that only read files 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
-from click import _textwrap as click_textwrap
 from click.core import ParameterSource
 from rich.console import Console
 
@@ -27,12 +25,14 @@ from charlm.config import (
     AttnConfig,
     ConfigError,
     GatesConfig,
+    LabConfig,
     ModelConfig,
+    PlotConfig,
     SampleConfig,
     TrainConfig,
     flag_fields,
-    flag_name,
 )
+from charlm.flags import CharlmCommand, config_options, from_flags, option, summary, with_options
 from charlm.views.text import print_error, safe
 
 RUN = "checkpoints/tinyshakespeare-transformer-char"  # the run the README's first command leaves, for examples
@@ -113,7 +113,7 @@ class CharlmGroup(click.Group):
 
     def format_commands(self, ctx, formatter) -> None:
         """Each command with its whole first sentence, wrapped: Click's own list cuts it at ~45 characters."""
-        rows = [(name, _summary(self.get_command(ctx, name))) for name in self.list_commands(ctx)]
+        rows = [(name, summary(self.get_command(ctx, name))) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -134,105 +134,7 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     sys.exit(e.exit_code)
 
 
-def _summary(command: click.Command) -> str:
-    if command.short_help:
-        return command.short_help
-    first = (command.help or "").split("\n\n")[0]
-    return " ".join(first.split(". ")[0].split()).rstrip(".") + "."
-
-
-class CharlmCommand(click.Command):
-    """A command whose --help lists its options in titled sections (each option's `section`, from its config
-    field), then `notes` (title, rows), then examples (what it does, the command line)."""
-
-    def __init__(self, *args, examples: list[tuple[str, str]] | None = None, notes=None, **kw):
-        super().__init__(*args, **kw)
-        self.examples, self.notes = examples or [], notes
-
-    def format_options(self, ctx, formatter) -> None:
-        sections: dict[str, list] = {}
-        for p in self.get_params(ctx):
-            if isinstance(p, click.Option) and (record := p.get_help_record(ctx)):
-                sections.setdefault(getattr(p, "section", None), []).append(record)
-        other = sections.pop(None, [])
-        for title, rows in [*sections.items(), ("Other options" if sections else "Options", other)]:
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-
-    def format_epilog(self, ctx, formatter) -> None:
-        for title, rows in self.notes() if self.notes else ():
-            with formatter.section(title):
-                formatter.write_dl(rows)
-        if self.examples:  # verbatim: a command line must not be re-wrapped
-            with formatter.section("Examples"):
-                pad = " " * formatter.current_indent
-                for what, line in self.examples:
-                    formatter.write(f"{pad}# {what}\n{pad}{line}\n")
-
-
 CharlmGroup.command_class = CharlmCommand
-# Click wraps help with textwrap, which breaks at hyphens ("--max-" / "time"): flags must stay whole
-# (tests/test_cli_help.py notices if a Click release moves this class)
-click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simple_re  # split at spaces only
-
-
-def option(*decls, section: str | None = None, **kw):
-    """click.option, placed in a --help section."""
-
-    def decorate(f):
-        f = click.option(*decls, **kw)(f)
-        f.__click_params__[-1].section = section
-        return f
-
-    return decorate
-
-
-def config_options(cls, defaults: dict | None = None):
-    """Click options generated from a config dataclass's fields (config.flag): name, default, help, choices and
-    --help section are written once, in config.py. `defaults` overrides a default for one command (chat's
-    shorter --max-tokens). Values typed as text (a duration) reach the command as text: from_flags reads them."""
-    options = []
-    for f in flag_fields(cls):
-        name, m = flag_name(f), f.metadata
-        decls = [f"--{name}"] + ([f"-{m['short']}"] if m["short"] else []) + [f.name]
-        kw = dict(help=m["help"], section=m["section"])
-        if m["from_preset"]:
-            kw.update(type=type(f.default), default=None, help=m["help"] + " [default: from --preset]")
-        elif f.type == "bool":  # a setting a resumed run may change can also be turned off: --no-compile
-            two = f.default or m["resumable"]
-            decls[0] = f"--{name}/--no-{name}" if two else f"--{name}"
-            kw.update(default=f.default, show_default=two, is_flag=True)
-        elif f.type.startswith("list"):  # a repeatable flag
-            kw.update(multiple=True, type=str)
-        elif m["parse"] or m["derived"] or f.default is None:
-            kw.update(type=str if m["parse"] or f.type.startswith("str") else int, default=None)
-        else:
-            kw.update(default=(defaults or {}).get(f.name, f.default), show_default=True, type=type(f.default))
-        if m["choices"]:
-            kw["type"] = click.Choice(m["choices"])
-        options.append(option(*decls, **kw))
-
-    def decorate(command):
-        for o in reversed(options):
-            command = o(command)
-        return command
-
-    return decorate
-
-
-def from_flags(cls, values: dict, **extra):
-    """The config the flags describe (a flag not given keeps the field's default), validated."""
-    picked = {}
-    for f in flag_fields(cls):
-        value = values.get(f.name)
-        if isinstance(value, tuple):  # a repeatable flag
-            value = [config.from_text(f, v) for v in value]
-        elif isinstance(value, str) and f.metadata["parse"]:
-            value = config.from_text(f, value)
-        if value is not None:
-            picked[f.name] = value
-    return cls(**{**picked, **extra}).validate()
 
 
 @click.group(
@@ -384,7 +286,7 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     console = out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0)
     view = TrainView(console, corpus=corpus)
     try:
-        result = run(corpus, model_cfg, train_cfg, out, resume=resume, nproc=nproc, given=_given(ctx, preset_name),
+        result = run(corpus, model_cfg, train_cfg, out, resume=resume, nproc=nproc, given=runs.given_settings(_typed(ctx), preset_name is not None),
                      on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
         view.interrupted(e.result, e.signum, resume_command(corpus, e.result.out_dir))
@@ -394,15 +296,9 @@ def train(ctx, corpus, preset_name, out, resume, nproc, **flags):
     view.finish(result)
 
 
-def _given(ctx: click.Context, preset_name: str | None) -> set[str]:
-    """What the user typed, in runs.resume_configs' terms: a --preset stands for every size it holds."""
-    typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    model_flags = {f.name for f in flag_fields(ModelConfig)}  # --vocab-size is TrainConfig's
-    given = {("model." + n if n in model_flags else n) for n in typed}
-    if preset_name is not None:
-        fields = [f for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)]
-        given |= {"preset:" + f.name for f in fields if f.metadata.get("from_preset")}
-    return given
+def _typed(ctx: click.Context) -> set[str]:
+    """The options the user typed on the command line (not their defaults)."""
+    return {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
 
 
 # ---- generation: sample, chat -------------------------------------------------------------------
@@ -412,15 +308,6 @@ prompt_options = [
     option("--prompt", "-p", help="The text [default: --prompt-file, else stdin when piped, else none]."),
     option("--prompt-file", type=str, help="Read the text from this file ('-': stdin)."),
 ]
-
-
-def with_options(*decorators):
-    def decorate(f):
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-
-    return decorate
 
 
 @command()
@@ -618,30 +505,21 @@ def runs_(directory, as_json):
 
 @command()
 @click.argument("run_dirs", metavar="RUN...", nargs=-1, required=True, type=click.Path(path_type=str))
-@option("--y", type=click.Choice(["bpc", "loss"]), default="bpc", show_default=True,
-        help="Bits per character (comparable across tokenizers), or loss in nats per token.")  # fmt: skip
-@option("--x", type=click.Choice(["step", "time"]), default="step", show_default=True,
-        help="Optimizer steps, or seconds of training.")  # fmt: skip
-@option("--width", type=int, help="Width in characters [default: the terminal's, at most 120].")
-@option("--height", type=int, default=20, show_default=True, help="Height in lines.")
+@config_options(PlotConfig)
 @json_option
-def plot(run_dirs, y, x, width, height, as_json):
+def plot(run_dirs, as_json, **flags):
     """Loss curves of one run, or several overlaid: train and val, from each run's metrics.jsonl."""
     from charlm.commands.runs import curves
     from charlm.views.runs import print_chart
 
-    if width is not None and width < 30:
-        raise ConfigError(f"--width must be at least 30, got {width}")
-    if height < 8:
-        raise ConfigError(f"--height must be at least 8, got {height}")
-    notes = []
+    opts, notes = from_flags(PlotConfig, flags), []
     found = curves(list(run_dirs), notes=notes)
     print_notes(notes)
     if as_json:
         click.echo(json.dumps([{"run": name, "evaluations": points} for name, points in found.items()]))
     else:
         console = out_console()
-        print_chart(console, found, y=y, x=x, width=width or min(console.width, 120), height=height)
+        print_chart(console, found, y=opts.y, x=opts.x, width=opts.width or min(console.width, 120), height=opts.height)
 
 
 # ---- lab ----------------------------------------------------------------------------------------
@@ -650,30 +528,10 @@ def plot(run_dirs, y, x, width, height, as_json):
 @command()
 @click.argument("name", required=False)
 @click.argument("ckpt", required=False, type=click.Path(path_type=str))
-@option("--quick", is_flag=True, help="Test size: seconds instead of minutes.")
-@option("--seed", type=int, default=0, show_default=True, help="Same seed, same table.")
-@option(
-    "--seeds",
-    type=click.IntRange(1, 100),
-    default=1,
-    show_default=True,
-    help="Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.",
-)
-@option(
-    "--out",
-    type=click.Path(path_type=Path),
-    help="Where the lab's models are saved, as normal runs [default: checkpoints/lab].",
-)
-@option(
-    "--text",
-    "text_file",
-    type=click.Path(path_type=str),
-    help="ablate: the text scored [default: the run's corpus.txt].",
-)
-@option("--plain", is_flag=True, help="A chart without colours (series told apart by their markers).")
+@config_options(LabConfig)
 @device_option
 @json_option
-def lab(name, ckpt, quick, seed, seeds, out, text_file, plain, device, as_json):
+def lab(name, ckpt, device, as_json, **flags):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
     \b
@@ -684,43 +542,22 @@ def lab(name, ckpt, quick, seed, seeds, out, text_file, plain, device, as_json):
     """
     from contextlib import nullcontext
 
-    from charlm.lab import EXPERIMENTS, LAB_DIR, run_experiment
+    from charlm.lab import EXPERIMENTS, run_experiment
     from charlm.views.lab import render_lab, render_list
 
-    console = out_console()
+    console, settings = out_console(), from_flags(LabConfig, flags)
     if name is None:
-        render_list(console, EXPERIMENTS)
-        return
+        return render_list(console, EXPERIMENTS)
     status = err_console().status(f"lab {name}") if not as_json else nullcontext()
     with status:  # the progress line lives on stderr and goes away when the experiment ends
-        result = run_experiment(
-            name, ckpt=ckpt, quick=quick, seed=seed, seeds=seeds, device=device, out=out or LAB_DIR, text=text_file,
-            progress=status.update if not as_json else (lambda message: None),
-        )  # fmt: skip
+        progress = status.update if not as_json else (lambda message: None)
+        result = run_experiment(name, settings, ckpt=ckpt, device=device, progress=progress)
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
-    else:
-        render_lab(console, result, color=not plain)
-        if result.experiment == "copy":  # show why, with the viewers
-            _copy_views(console, result.details, plain)
+        return click.echo(json.dumps(result.to_dict()))
+    render_lab(console, result, color=not settings.plain)
+    if result.experiment == "copy":  # show why, with the viewers
+        from charlm.commands.look import copy_views
+        from charlm.views.heatmap import Screen
+        from charlm.views.lab import render_copy_views
 
-
-def _copy_views(console: Console, d: dict, plain: bool) -> None:
-    """The copy experiment's why: the Transformer's copy head and the LSTM's gates on one example."""
-    from charlm import checkpoint
-    from charlm.commands.look import attention
-    from charlm.commands.look import gates as trace
-    from charlm.views.heatmap import Screen
-    from charlm.views.lab import render_copy_views
-
-    tf, lstm, text, head = (
-        checkpoint.load(d["transformer_run"]),
-        checkpoint.load(d["lstm_run"]),
-        "\n" + d["example"],
-        d["copy_head"],
-    )
-    att = attention(
-        tf.model, tf.tokenizer, tf.tokenizer.encode(text), AttnConfig(layer=head["layer"], head=head["head"])
-    )
-    g = trace(lstm.model, lstm.tokenizer.encode(text), GatesConfig())
-    render_copy_views(console, d, (tf.tokenizer, att), (lstm.tokenizer, g), Screen.of(console, plain))
+        render_copy_views(console, result.details, *copy_views(result.details), Screen.of(console, settings.plain))

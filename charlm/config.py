@@ -11,6 +11,7 @@ setting, its default and its help are written once, here.
   ModelConfig, TrainConfig   charlm train (and what a checkpoint records)
   SampleConfig               sample, chat, compare (and chat's /set)
   AttnConfig, GatesConfig    attn and gates (and chat's /attn, /gates)
+  PlotConfig, LabConfig      plot and lab
 """
 
 from __future__ import annotations
@@ -492,6 +493,42 @@ class GatesConfig(ViewConfig):
     def validate(self) -> GatesConfig:
         super().validate()
         _check(self.units != [], "give at least one unit")
+        return self
+
+
+@dataclass
+class PlotConfig:
+    """What `charlm plot` draws."""
+
+    y: str = flag(
+        "bpc", "Bits per character (comparable across tokenizers), or loss in nats per token.", choices=("bpc", "loss")
+    )
+    x: str = flag("step", "Optimizer steps, or seconds of training.", choices=("step", "time"))
+    width: int | None = flag(None, "Width in characters [default: the terminal's, at most 120].")
+    height: int = flag(20, "Height in lines.")
+
+    def validate(self) -> PlotConfig:
+        _check_types(self)
+        _check(self.width is None or self.width >= 30, f"--width must be at least 30, got {self.width}")
+        _check(self.height >= 8, f"--height must be at least 8, got {self.height}")
+        return self
+
+
+@dataclass
+class LabConfig:
+    """How `charlm lab NAME` runs an experiment (charlm.lab.run_experiment) and draws it."""
+
+    quick: bool = flag(False, "Test size: seconds instead of minutes.")
+    seed: int = flag(0, "Same seed, same table.")
+    seeds: int = flag(1, "Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.")
+    out: str | None = flag(None, "Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
+    text: str | None = flag(None, "ablate: the text scored [default: the run's corpus.txt].")
+    plain: bool = flag(False, "A chart without colours (series told apart by their markers).")
+
+    def validate(self) -> LabConfig:
+        _check_types(self)
+        check_seed(self.seed)
+        _check(1 <= self.seeds <= 100, f"--seeds must be between 1 and 100, got {self.seeds}")
         return self
 
 

@@ -116,6 +116,21 @@ def check_world_size(out: Path, trained_on: int, world_size: int) -> None:
         )
 
 
+def given_settings(typed: set[str], preset: bool) -> set[str]:
+    """The settings a user typed (the names of their flags' fields) as resume_configs takes them: a model
+    field as "model.<field>"; a --preset stands for every size it holds ("preset:<field>")."""
+    model_fields = {f.name for f in fields(ModelConfig) if flag_name(f)}  # (--vocab-size is TrainConfig's)
+    given = {"model." + n if n in model_fields else n for n in typed}
+    if preset:
+        given |= {
+            "preset:" + f.name
+            for cls in (ModelConfig, TrainConfig)
+            for f in fields(cls)
+            if f.metadata.get("from_preset")
+        }
+    return given
+
+
 def resume_configs(
     out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1, given: set[str] | None = None
 ) -> tuple[ModelConfig, TrainConfig]:

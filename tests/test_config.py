@@ -10,7 +10,16 @@ import pytest
 from click.testing import CliRunner
 
 from charlm.cli import main
-from charlm.config import PRESET_TABLE, ConfigError, ModelConfig, SampleConfig, TrainConfig, flag_name
+from charlm.config import (
+    PRESET_TABLE,
+    ConfigError,
+    LabConfig,
+    ModelConfig,
+    PlotConfig,
+    SampleConfig,
+    TrainConfig,
+    flag_name,
+)
 
 # fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
 INTERNAL = {
@@ -156,3 +165,24 @@ def test_train_validates_each_config_once(tmp_path, monkeypatch):
     # the CLI's one check of each, before any work; the second ModelConfig is build_model's own guard (models/,
     # an entry point of its own). It was three of each before.
     assert sorted(calls) == ["ModelConfig", "ModelConfig", "TrainConfig"]
+
+
+@pytest.mark.parametrize("command, cls", [("plot", PlotConfig), ("lab", LabConfig)])
+def test_command_settings_come_from_their_config(command, cls):
+    """plot's and lab's options are their config's fields: one flag each, the field's default and help."""
+    for name, found in field_options(command, cls).items():
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        assert len(found) == 1 and found[0].default == f.default and found[0].help == f.metadata["help"], name
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["lab", "copy", "--seeds", "0"], "--seeds must be between 1 and 100, got 0"),
+        (["lab", "copy", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
+        (["plot", "run", "--height", "3"], "--height must be at least 8, got 3"),
+    ],
+)
+def test_a_command_setting_is_checked_by_its_config(args, message):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and result.output.strip() == f"error: {message}"

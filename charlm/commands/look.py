@@ -107,3 +107,17 @@ def focus_position(tokenizer, ids: list[int], offset: int, focus: str) -> int:
     if not offset <= pos < len(ids):
         raise ConfigError(f"focus position {focus} is outside the text the model sees ({offset}..{len(ids) - 1})")
     return pos
+
+
+def copy_views(details: dict) -> tuple[tuple, tuple]:
+    """Why `charlm lab copy` comes out as it does, as numbers for views.lab.render_copy_views: the
+    Transformer's copy head and the LSTM's gates on the example the experiment chose (its details)."""
+    from charlm import checkpoint
+
+    tf, lstm = checkpoint.load(details["transformer_run"]), checkpoint.load(details["lstm_run"])
+    text, head = "\n" + details["example"], details["copy_head"]
+    att = AttnConfig(layer=head["layer"], head=head["head"])
+    return (
+        (tf.tokenizer, attention(tf.model, tf.tokenizer, tf.tokenizer.encode(text), att)),
+        (lstm.tokenizer, gates(lstm.model, lstm.tokenizer.encode(text), GatesConfig())),
+    )

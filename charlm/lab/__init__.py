@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from charlm.config import ConfigError
+from charlm.config import ConfigError, LabConfig
 from charlm.generate import one_thread
 from charlm.lab.common import LAB_DIR, LabResult
 
@@ -31,16 +31,15 @@ SEEDED = ("copy", "recall", "capacity", "induction")  # the ones that train mode
 
 def run_experiment(
     name: str,
+    settings: LabConfig | None = None,
     *,
     ckpt: str | None = None,
-    quick: bool = False,
-    seed: int = 0,
-    seeds: int = 1,
     device: str = "cpu",
-    out: Path = LAB_DIR,
-    text: str | None = None,
     progress=lambda message: None,
 ) -> LabResult:
+    """Run the experiment `name` (heads and ablate read the checkpoint ckpt; the others train their models,
+    saved as normal runs under settings.out) and return its result."""
+    s = settings or LabConfig()
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment '{name}': choose one of {', '.join(EXPERIMENTS)}")
     if (name in NEEDS_CKPT) != (ckpt is not None):
@@ -49,12 +48,13 @@ def run_experiment(
             if name in NEEDS_CKPT
             else f"charlm lab {name} takes no checkpoint (it trains its own models)"
         )
-    if seeds != 1 and name not in SEEDED:
+    if s.seeds != 1 and name not in SEEDED:
         raise ConfigError(f"--seeds is for the experiments that train models ({', '.join(SEEDED)}), not {name}")
     module = importlib.import_module(f"charlm.lab.{name}")
-    settings = module.QUICK if quick else {}
+    sizes = module.QUICK if s.quick else {}
     with one_thread():  # lab models are small: a second thread only waits, the more so on a busy CPU
         if name in NEEDS_CKPT:
-            return module.run(ckpt, seed=seed, text=text, progress=progress, **settings)
-        extra = {"seeds": seeds} if name in SEEDED else {}
-        return module.run(Path(out), seed=seed, device=device, progress=progress, **extra, **settings)
+            return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
+        extra = {"seeds": s.seeds} if name in SEEDED else {}
+        out = Path(s.out) if s.out else LAB_DIR
+        return module.run(out, seed=s.seed, device=device, progress=progress, **extra, **sizes)
