@@ -64,11 +64,7 @@ def train(
         if settle_signals and not me.enabled:  # (under torchrun, SIGTERM must still stop a rank that hangs)
             for s in (signal.SIGINT, signal.SIGTERM):  # fit() handles them from its first line
                 signal.signal(s, signal.SIG_IGN)
-        result = run.fit()
-        if device == "cpu" and me.is_main and len(run.speeds) >= SPEED_STEPS:  # for the summary to compare
-            usual = runs.usual_speed(_speed_key(run), result.tokens_per_s, cache_dir() / "speeds.json")
-            result = dataclasses.replace(result, usual_tokens_per_s=usual)
-        return result
+        return _with_usual_speed(run, run.fit(), device == "cpu" and me.is_main)
     except files.WriteError as e:
         if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
             raise files.WriteError(
@@ -84,6 +80,15 @@ def train(
 
 
 SPEED_STEPS = 50  # a run's speed is recorded, and compared, from this many steps: a short run's is noise
+
+
+def _with_usual_speed(run: Trainer, result: Result, record: bool) -> Result:
+    """result with the fastest this machine has trained the same set-up (runs.usual_speed), for the summary to
+    compare: recorded on the CPU, by the main process, from runs of SPEED_STEPS steps or more."""
+    if not record or len(run.speeds) < SPEED_STEPS:
+        return result
+    usual = runs.usual_speed(_speed_key(run), result.tokens_per_s, cache_dir() / "speeds.json")
+    return dataclasses.replace(result, usual_tokens_per_s=usual)
 
 
 def _speed_key(run: Trainer) -> str:
