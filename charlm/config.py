@@ -12,6 +12,8 @@ setting, its default and its help are written once, here.
   SampleConfig               sample, chat, compare (and chat's /set)
   AttnConfig, GatesConfig    attn and gates (and chat's /attn, /gates)
   PlotConfig, LabConfig      plot and lab
+  TrainOptions, PromptOptions, SampleOptions, ChatOptions, LookOptions, EvalOptions, CompareOptions
+                             the rest of each command's flags (the prompt, the device, --out, ...)
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ OPTIMIZERS = ("muon", "adamw")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
+DEVICE_HELP = "auto: cuda when PyTorch sees a GPU, else cpu."
+UNKNOWN_HELP = "Characters a char model never saw: stop with an error, drop them, or replace them."
+NO_CACHE_HELP = "Recompute the whole text for every token (slow: to compare)."
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
@@ -308,9 +313,7 @@ class TrainConfig:
         200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True, section="Run"
     )
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run")
-    device: str = flag(
-        "auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, resumable=True, section="Run"
-    )
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES, resumable=True, section="Run")
     compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
 
     @staticmethod
@@ -390,12 +393,7 @@ class SampleConfig:
         default_factory=list,
     )
     seed: int | None = flag(None, "Same seed, same text [default: random].", example="42 (or none)")
-    unknown: str = flag(
-        "error",
-        "Characters a char model never saw: stop with an error, drop them, or replace them.",
-        choices=UNKNOWN,
-        example="drop",
-    )
+    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN, example="drop")
 
     def validate(self) -> SampleConfig:
         _check_types(self)
@@ -524,11 +522,119 @@ class LabConfig:
     out: str | None = flag(None, "Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
     text: str | None = flag(None, "ablate: the text scored [default: the run's corpus.txt].")
     plain: bool = flag(False, "A chart without colours (series told apart by their markers).")
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
 
     def validate(self) -> LabConfig:
         _check_types(self)
         check_seed(self.seed)
         _check(1 <= self.seeds <= 100, f"--seeds must be between 1 and 100, got {self.seeds}")
+        return self
+
+
+# ---- the rest of each command's flags: what it reads, where it runs, what it prints ----------------------
+
+
+@dataclass
+class TrainOptions:
+    """`charlm train`'s flags that are not the run's settings (a checkpoint records those: ModelConfig,
+    TrainConfig)."""
+
+    preset: str | None = flag(
+        None,
+        "Model size and batch/lr defaults [default: tiny on CPU, small on CUDA].",
+        choices=PRESETS,
+        section="Model",
+    )
+    out: str | None = flag(None, "Run directory [default: checkpoints/<corpus>-<model>-<tokenizer>].", section="Run")
+    resume: bool = flag(False, "Continue the run in --out from its last checkpoint.", section="Run")
+    nproc: int | None = flag(
+        None, "Train with N processes (DistributedDataParallel): starts torchrun for you.", section="Run"
+    )
+
+    def validate(self) -> TrainOptions:
+        _check_types(self)
+        return self
+
+
+@dataclass
+class PromptOptions:
+    """Where a command's text comes from (commands.generate.read_prompt)."""
+
+    prompt: str | None = flag(None, "The text [default: --prompt-file, else stdin when piped, else none].", short="p")
+    prompt_file: str | None = flag(None, "Read the text from this file ('-': stdin).")
+
+    def validate(self):
+        _check_types(self)
+        _check(self.prompt is None or self.prompt_file is None, "give --prompt or --prompt-file, not both")
+        return self
+
+
+@dataclass
+class SampleOptions:
+    """`charlm sample`'s flags beside its prompt and its SampleConfig."""
+
+    num_samples: int = flag(1, "Samples, separated by a line '---'.")
+    echo: bool = flag(True, "Print the prompt before its continuation.")
+    stats: bool = flag(False, "One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
+    no_cache: bool = flag(False, NO_CACHE_HELP)
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+
+    def validate(self) -> SampleOptions:
+        _check_types(self)
+        _check(self.num_samples >= 1, f"--num-samples must be at least 1, got {self.num_samples}")
+        return self
+
+
+@dataclass
+class ChatOptions:
+    """`charlm chat`'s flags beside its SampleConfig."""
+
+    mode: str = flag("fresh", "Each prompt starts anew, or continues the running text.", choices=("fresh", "continue"))
+    no_cache: bool = flag(False, NO_CACHE_HELP)
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+
+    def validate(self) -> ChatOptions:
+        _check_types(self)
+        return self
+
+
+@dataclass
+class LookOptions(PromptOptions):
+    """The text attn and gates read, and how wide they draw (their views: AttnConfig, GatesConfig)."""
+
+    width: int | None = flag(None, "Width in characters [default: the terminal's].")
+    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN)
+
+    def validate(self) -> LookOptions:
+        super().validate()
+        _check(self.width is None or self.width >= 20, f"--width must be at least 20, got {self.width}")
+        return self
+
+
+@dataclass
+class EvalOptions:
+    """How `charlm eval` reads its text."""
+
+    stride: int | None = flag(None, "Transformer: tokens each window advances [default: context/2].")
+    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN)
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+
+    def validate(self) -> EvalOptions:
+        _check_types(self)
+        return self
+
+
+@dataclass
+class CompareOptions:
+    """`charlm compare`'s flags beside its SampleConfig."""
+
+    prompt: str = flag("", "Text every model continues [default: none].", short="p")
+    eval_file: str | None = flag(None, "Also show each model's bits/char on this text.", name="eval")
+    interactive: bool = flag(False, "A prompt loop: each prompt goes to every model.", short="i")
+    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+
+    def validate(self) -> CompareOptions:
+        _check_types(self)
         return self
 
 
@@ -583,8 +689,8 @@ PRESET_USE = {  # what each preset is for: --preset's choices, in --help
 }
 
 
-def describe_preset(name: str) -> str:
-    """What a preset sets, for each model family (train --help)."""
+def describe_presets() -> list[tuple[str, str]]:
+    """(name, what it sets for each model family) of every preset (train --help)."""
 
     def sizes(s: dict) -> str:
         heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
@@ -594,15 +700,24 @@ def describe_preset(name: str) -> str:
         )
 
     t = PRESET_TABLE
-    return f"for {PRESET_USE[name]}: transformer {sizes(t['transformer'][name])}; lstm/gru {sizes(t['lstm'][name])}"
+    return [
+        (n, f"for {PRESET_USE[n]}: transformer {sizes(t['transformer'][n])}; lstm/gru {sizes(t['lstm'][n])}")
+        for n in PRESETS
+    ]
 
 
-def train_configs(kind: str, preset_name: str, given: dict) -> tuple[ModelConfig, TrainConfig]:
-    """The configs of a training run: the settings given (a field's name -> its value; absent or None: not
-    given) over the preset's, over the fields' defaults; the step and time budget worked out from each
-    other (TrainConfig.budget); both validated (the vocabulary size is the tokenizer's, set later)."""
-    model_preset, train_preset = preset(kind, preset_name)
-    given = {k: v for k, v in given.items() if v is not None}  # never `or`: --steps 0 must be refused, not replaced
+def train_configs(preset_name: str, given: dict) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a training run: the settings given (a field's name -> its value, or the text typed for a
+    field that parses text, such as --max-time 10m; absent or None: not given; other names: ignored) over the
+    preset's, over the fields' defaults; the step and time budget worked out from each other
+    (TrainConfig.budget); both validated (the vocabulary size is the tokenizer's, set later)."""
+    known = {f.name: f for cls in (ModelConfig, TrainConfig) for f in fields(cls)}
+    given = {  # never `or`: --steps 0 must be refused, not replaced
+        k: from_text(known[k], v) if isinstance(v, str) and known[k].metadata.get("parse") else v
+        for k, v in given.items()
+        if k in known and v is not None
+    }
+    model_preset, train_preset = preset(given.get("kind", "transformer"), preset_name)
     given |= TrainConfig.budget(given.pop("steps", None), given.pop("max_time", None))
     model_keys = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
     model = ModelConfig(**{**model_preset, **{k: v for k, v in given.items() if k in model_keys}})

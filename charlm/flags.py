@@ -5,6 +5,9 @@ its --help section) becomes a Click option (config_options), the values typed be
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import click
 from click import _textwrap as click_textwrap
 
@@ -12,21 +15,23 @@ from charlm import config
 from charlm.config import flag_fields, flag_name
 
 
-def summary(command: click.Command) -> str:
-    """A command's line in `charlm --help`: its short help, or its docstring's whole first sentence."""
-    if command.short_help:
-        return command.short_help
-    first = (command.help or "").split("\n\n")[0]
-    return " ".join(first.split(". ")[0].split()).rstrip(".") + "."
+def examples(command: str) -> list[tuple[str, str]]:
+    """(what it does, the command line) of each example of `charlm COMMAND` in examples.txt: the text a
+    --help ends with, kept apart from the code as it is shown (a "# what" line, then the command line)."""
+    text = (Path(__file__).parent / "examples.txt").read_text(encoding="utf-8")
+    pairs = re.findall(r"^# (.*)\n(.*\bcharlm (\w+).*)$", text, re.M)
+    return [(what, line) for what, line, name in pairs if name == command]
 
 
 class CharlmCommand(click.Command):
     """A command whose --help lists its options in titled sections (each option's `section`, from its config
-    field), then `notes` (title, rows), then examples (what it does, the command line)."""
+    field), then `notes` (a title and its rows), then its examples."""
 
-    def __init__(self, *args, examples: list[tuple[str, str]] | None = None, notes=None, **kw):
+    def __init__(self, *args, notes=None, **kw):
         super().__init__(*args, **kw)
-        self.examples, self.notes = examples or [], notes
+        self.notes = notes
+        if not self.short_help:  # `charlm --help` lists the docstring's whole first sentence (Click cuts at 45)
+            self.short_help = " ".join((self.help or "").split("\n\n")[0].split(". ")[0].split()).rstrip(".") + "."
 
     def format_options(self, ctx, formatter) -> None:
         sections: dict[str, list] = {}
@@ -40,14 +45,13 @@ class CharlmCommand(click.Command):
                     formatter.write_dl(rows)
 
     def format_epilog(self, ctx, formatter) -> None:
-        for title, rows in self.notes() if self.notes else ():
-            with formatter.section(title):
-                formatter.write_dl(rows)
-        if self.examples:  # verbatim: a command line must not be re-wrapped
-            with formatter.section("Examples"):
-                pad = " " * formatter.current_indent
-                for what, line in self.examples:
-                    formatter.write(f"{pad}# {what}\n{pad}{line}\n")
+        if self.notes:  # (title, a function that gives the rows)
+            with formatter.section(self.notes[0]):
+                formatter.write_dl(self.notes[1]())
+        with formatter.section("Examples"):  # verbatim: a command line must not be re-wrapped
+            pad = " " * formatter.current_indent
+            for what, line in examples(self.name):
+                formatter.write(f"{pad}# {what}\n{pad}{line}\n")
 
 
 # Click wraps help with textwrap, which breaks at hyphens ("--max-" / "time"): flags must stay whole
@@ -55,26 +59,15 @@ class CharlmCommand(click.Command):
 click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simple_re  # split at spaces only
 
 
-def option(*decls, section: str | None = None, **kw):
-    """click.option, placed in a --help section."""
-
-    def decorate(f):
-        f = click.option(*decls, **kw)(f)
-        f.__click_params__[-1].section = section
-        return f
-
-    return decorate
-
-
-def config_options(cls, defaults: dict | None = None):
-    """Click options generated from a config dataclass's fields (config.flag): name, default, help, choices and
+def config_options(cls, defaults: dict | None = None) -> list[click.Option]:
+    """The Click options generated from a config dataclass's fields (config.flag): name, default, help, choices and
     --help section are written once, in config.py. `defaults` overrides a default for one command (chat's
     shorter --max-tokens). Values typed as text (a duration) reach the command as text: from_flags reads them."""
     options = []
     for f in flag_fields(cls):
         name, m = flag_name(f), f.metadata
         decls = [f"--{name}"] + ([f"-{m['short']}"] if m["short"] else []) + [f.name]
-        kw = dict(help=m["help"], section=m["section"])
+        kw = dict(help=m["help"])
         if m["from_preset"]:
             kw.update(type=type(f.default), default=None, help=m["help"] + " [default: from --preset]")
         elif f.type == "bool":  # a setting a resumed run may change can also be turned off: --no-compile
@@ -89,17 +82,12 @@ def config_options(cls, defaults: dict | None = None):
             kw.update(default=(defaults or {}).get(f.name, f.default), show_default=True, type=type(f.default))
         if m["choices"]:
             kw["type"] = click.Choice(m["choices"])
-        options.append(option(*decls, **kw))
-
-    def decorate(command):
-        for o in reversed(options):
-            command = o(command)
-        return command
-
-    return decorate
+        options.append(click.Option(decls, **{k: v for k, v in kw.items() if k != "section"}))
+        options[-1].section = m["section"]  # where CharlmCommand lists it
+    return options
 
 
-def from_flags(cls, values: dict, **extra):
+def from_flags(cls, values: dict):
     """The config the flags describe (a flag not given keeps the field's default), validated."""
     picked = {}
     for f in flag_fields(cls):
@@ -110,13 +98,4 @@ def from_flags(cls, values: dict, **extra):
             value = config.from_text(f, value)
         if value is not None:
             picked[f.name] = value
-    return cls(**{**picked, **extra}).validate()
-
-
-def with_options(*decorators):
-    def decorate(f):
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-
-    return decorate
+    return cls(**picked).validate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 
@@ -60,6 +61,21 @@ def test_every_help_has_examples_and_a_line_for_every_option(name):
             assert param.opts[0] in r.stdout, (name, param.opts[0])
     # textwrap's default breaks words at hyphens: "--max-" at a line's end and "time" on the next
     assert not [line for line in r.stdout.splitlines() if re.search(r"\w-$", line)], r.stdout
+
+
+def test_every_example_uses_real_flags_and_parses():
+    """examples.txt drifts from the code unless checked: each example's command parses its own line (no run
+    happens: --help is appended), and every --flag in it is one of that command's options."""
+    from charlm.flags import examples
+
+    for name in COMMANDS:
+        for what, line in examples(name):
+            words = shlex.split(line.split("|")[-1].split(">")[0])
+            args = words[words.index("charlm") + 1 :]
+            options = {o for p in main.commands[name].params for o in p.opts + p.secondary_opts}
+            flags = {w.split("=")[0] for w in args if w.startswith("-") and not w[1:2].isdigit()}
+            assert flags <= options, (name, line)
+            assert what and charlm(*args, "--help").exit_code == 0, line
 
 
 def test_train_help_groups_its_options_and_explains_the_presets():

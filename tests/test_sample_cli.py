@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from charlm import checkpoint
 from charlm.cli import main
+from charlm.config import ConfigError
 from charlm.generate import SampleConfig, Streamer
 
 MEMORISED = "But soft, what light through yonder window breaks?\n"
@@ -160,3 +161,17 @@ def test_a_terminal_sees_escapes_as_harmless_text(gen_runs, tmp_path):
     assert r"\x1b]0;pwned\x07" in screen and r"\x1b[31mred\x1b[0m" in screen  # visible, as text
     assert "\x1b]" not in screen and "\x07" not in screen and "\x1b[31m" not in screen  # never sent raw
     assert "[bold]red[/bold]" in screen  # markup is shown, not applied
+
+
+def test_sample_is_a_plain_function_whose_options_are_the_flags(gen_runs):
+    """commands.generate.sample from Python, with the configs the flags fill: the same samples as the CLI."""
+    from charlm.commands.generate import sample
+    from charlm.config import SampleOptions
+
+    settings, opts = SampleConfig(max_tokens=30, seed=7), SampleOptions(num_samples=2, no_cache=True)
+    texts = [c.prompt + "".join(c.pieces) for c in sample(gen_runs["tf"], "ROMEO:", settings, opts)]
+    r = run(gen_runs["tf"], "-p", "ROMEO:", "-n", 30, "--seed", 7, "--num-samples", 2, "--no-cache")
+    assert len(texts) == 2 and texts[0] != texts[1]  # sample i uses seed + i
+    assert r.stdout == "---\n".join(t if t.endswith("\n") else t + "\n" for t in texts)
+    with pytest.raises(ConfigError, match="--num-samples must be at least 1"):
+        next(sample(gen_runs["tf"], "ROMEO:", settings, SampleOptions(num_samples=0)))

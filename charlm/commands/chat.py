@@ -29,7 +29,16 @@ from rich.text import Text
 from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.commands import look
-from charlm.config import NONE_WORDS, AttnConfig, ConfigError, GatesConfig, SampleConfig, flag_fields, from_text
+from charlm.config import (
+    NONE_WORDS,
+    AttnConfig,
+    ChatOptions,
+    ConfigError,
+    GatesConfig,
+    SampleConfig,
+    flag_fields,
+    from_text,
+)
 from charlm.data import cache_dir
 from charlm.generate import Streamer
 from charlm.models import count_params
@@ -457,17 +466,16 @@ class Chat(Session):
 def chat(
     ckpt: str,
     settings: SampleConfig,
+    opts: ChatOptions | None = None,
     *,
-    mode: str = "fresh",
-    device: str = "auto",
-    use_cache: bool = True,
     console: Console | None = None,
     interactive: bool | None = None,
 ) -> None:
     """`charlm chat CKPT`: the REPL on a checkpoint (a file or a run directory), until /bye or Ctrl-D."""
     settings.validate()
-    ck = checkpoint.load(ckpt, device=pick_device(device))
-    Chat(ck, settings, console, mode=mode, use_cache=use_cache, interactive=interactive).run()
+    opts = (opts or ChatOptions()).validate()
+    ck = checkpoint.load(ckpt, device=pick_device(opts.device))
+    Chat(ck, settings, console, mode=opts.mode, use_cache=not opts.no_cache, interactive=interactive).run()
 
 
 # ---- the words of /attn and /gates, from the config fields ------------------------------------------

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from charlm import checkpoint
 from charlm.checkpoint import Checkpoint
+from charlm.config import EvalOptions
 from charlm.evaluate import EvalResult, Progress, evaluate_file
 from charlm.runtime import pick_device
 
@@ -27,17 +28,10 @@ class Evaluation:
         }
 
 
-def evaluate(
-    ckpt: str,
-    file: str,
-    *,
-    stride: int | None = None,
-    unknown: str = "error",
-    device: str = "auto",
-    progress: Progress | None = None,
-) -> Evaluation:
+def evaluate(ckpt: str, file: str, opts: EvalOptions | None = None, progress: Progress | None = None) -> Evaluation:
     """Score the whole file (see charlm.evaluate for what is counted and how a text longer than the
     context is read). progress(done, total) as tokens are scored."""
-    ck = checkpoint.load(ckpt, device=pick_device(device))
-    result = evaluate_file(ck.model, ck.tokenizer, file, stride=stride, unknown=unknown, progress=progress)
+    opts = (opts or EvalOptions()).validate()
+    ck = checkpoint.load(ckpt, device=pick_device(opts.device))
+    result = evaluate_file(ck.model, ck.tokenizer, file, stride=opts.stride, unknown=opts.unknown, progress=progress)
     return Evaluation(ck, Path(file), result)

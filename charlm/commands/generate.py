@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from charlm import checkpoint
-from charlm.config import ConfigError, SampleConfig
+from charlm.config import ConfigError, PromptOptions, SampleConfig, SampleOptions
 from charlm.generate import Stats, Streamer
 from charlm.runtime import pick_device
 
@@ -28,35 +28,25 @@ class Continuation:
         return self.streamer.stats
 
 
-def sample(
-    ckpt: str,
-    prompt: str,
-    settings: SampleConfig,
-    *,
-    num_samples: int = 1,
-    device: str = "auto",
-    use_cache: bool = True,
-) -> Iterator[Continuation]:
-    """num_samples continuations of prompt by the checkpoint (a file or a run directory). With a seed,
+def sample(ckpt: str, prompt: str, settings: SampleConfig, opts: SampleOptions | None = None) -> Iterator[Continuation]:
+    """opts.num_samples continuations of prompt by the checkpoint (a file or a run directory). With a seed,
     sample i uses seed + i: the same seed gives the same samples."""
     settings.validate()
-    if num_samples < 1:
-        raise ConfigError(f"--num-samples must be at least 1, got {num_samples}")
-    ck = checkpoint.load(ckpt, device=pick_device(device))
+    opts = (opts or SampleOptions()).validate()
+    ck = checkpoint.load(ckpt, device=pick_device(opts.device))
     ids = ck.tokenizer.encode(prompt, unknown=settings.unknown)
     shown = ck.tokenizer.decode(ids)
-    streamer = Streamer(ck.model, ck.tokenizer, use_cache=use_cache)
-    for i in range(num_samples):
+    streamer = Streamer(ck.model, ck.tokenizer, use_cache=not opts.no_cache)
+    for i in range(opts.num_samples):
         run = replace(settings, seed=None if settings.seed is None else settings.seed + i)
         streamer.reset()
         yield Continuation(shown, len(ids), streamer.stream(ids, run), streamer)
 
 
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+def read_prompt(where: PromptOptions) -> str:
     """The text a command reads: --prompt, else the file --prompt-file names ('-': stdin), else stdin when
     it is piped, else none."""
-    if prompt is not None and prompt_file is not None:
-        raise ConfigError("give --prompt or --prompt-file, not both")
+    prompt, prompt_file = where.validate().prompt, where.prompt_file
     if prompt is not None:
         return prompt
     if prompt_file == "-" or (prompt_file is None and not sys.stdin.isatty()):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 
-from charlm.config import AttnConfig, ConfigError, GatesConfig
+from charlm.config import AttnConfig, ConfigError, GatesConfig, LookOptions
 from charlm.models.probes import (
     DEFAULT_UNITS,
     Attention,
@@ -19,16 +19,18 @@ from charlm.models.probes import (
 from charlm.views.heatmap import token_label
 
 
-def load_text(ckpt: str, text: str, unknown: str = "error", empty: bool = False):
-    """(the checkpoint, its tokens of text) for a viewer. empty: the text was given, as nothing."""
+def load_text(ckpt: str, where: LookOptions):
+    """(the checkpoint, its tokens of the text the options name) for a viewer."""
     from charlm import checkpoint
+    from charlm.commands.generate import read_prompt
 
-    if empty:
+    text = read_prompt(where)
+    if where.prompt == "":
         raise ConfigError("--prompt is empty: give the text to look at")
     if not text:
         raise ConfigError("no text to look at: give --prompt TEXT or --prompt-file FILE, or pipe the text in")
     ck = checkpoint.load(ckpt)
-    if not (ids := ck.tokenizer.encode(text, unknown=unknown)):
+    if not (ids := ck.tokenizer.encode(text, unknown=where.unknown)):
         raise ConfigError("--prompt has no characters the model knows")
     return ck, ids
 

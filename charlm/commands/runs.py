@@ -15,6 +15,18 @@ def info(path: str | Path) -> dict:
     return {"path": str(p), **checkpoint.read_header(p).summary()}
 
 
+def missing(what: str) -> tuple[str, list[Path]]:
+    """What to say to a command given no run (`charlm chat` alone): the error, and up to five runs to choose
+    from, newest first."""
+    found = runs.find_runs() if runs.RUNS.is_dir() else []
+    if not found:
+        return f"missing {what}; there are no runs in {runs.RUNS}/ yet: train one with charlm train FILE", []
+    return (
+        f"missing {what}, such as one of the runs in {runs.RUNS}/ (newest first; charlm runs shows them all):",
+        found[:5],
+    )
+
+
 def list_runs(directory: Path | None = None) -> tuple[Path, list[dict]]:
     """(the folder, its runs newest first): each run's summary, or its error (an unreadable last.pt)."""
     root = directory or runs.RUNS

@@ -29,7 +29,7 @@ def train(
     corpus: str,
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
-    out: Path | None = None,
+    out: str | Path | None = None,
     *,
     resume: bool = False,
     nproc: int | None = None,
@@ -105,7 +105,7 @@ def _speed_key(run: Trainer) -> str:
 def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given):
     """(the run directory, the configs the run goes on with): a new one, free and unused, or the run to
     resume with the settings the resume rule lets change."""
-    main = distributed.env().is_main
+    main, out = distributed.env().is_main, None if out is None else Path(out)
     if not resume:
         out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
         if main:

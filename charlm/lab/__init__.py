@@ -34,7 +34,6 @@ def run_experiment(
     settings: LabConfig | None = None,
     *,
     ckpt: str | None = None,
-    device: str = "cpu",
     progress=lambda message: None,
 ) -> LabResult:
     """Run the experiment `name` (heads and ablate read the checkpoint ckpt; the others train their models,
@@ -57,4 +56,4 @@ def run_experiment(
             return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
         extra = {"seeds": s.seeds} if name in SEEDED else {}
         out = Path(s.out) if s.out else LAB_DIR
-        return module.run(out, seed=s.seed, device=device, progress=progress, **extra, **sizes)
+        return module.run(out, seed=s.seed, device=s.device, progress=progress, **extra, **sizes)

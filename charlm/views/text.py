@@ -4,9 +4,11 @@ characters made visible, so text full of ANSI/OSC escapes or BEL cannot drive th
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import unicodedata
+from typing import NoReturn
 
 from rich.console import Console
 from rich.text import Text
@@ -56,4 +58,35 @@ def print_error(message: str) -> None:
     line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
         line = f"rank {os.environ.get('RANK', '?')}: {line}"
-    Console(stderr=True, highlight=False).print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
+    err_console().print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
+
+
+def err_console(**kw) -> Console:
+    return Console(stderr=True, highlight=False, **kw)
+
+
+class PipeClosed(Exception):
+    """stdout's reader went away."""
+
+
+def _pipe_closed() -> NoReturn:
+    raise PipeClosed
+
+
+def out_console(**kw) -> Console:
+    """Where a command's results go. A reader that goes away (`| head`) raises PipeClosed, for the CLI to end
+    quietly as SIGPIPE would (Rich's own answer is exit 1, which reads as a failure)."""
+    console = Console(highlight=False, **kw)
+    console.on_broken_pipe = _pipe_closed
+    return console
+
+
+def print_notes(notes: list[str]) -> None:
+    """What a command skipped (a damaged line of a run file): one yellow line each, on stderr."""
+    for note in notes:
+        err_console().print(safe(note, "yellow"), soft_wrap=True)
+
+
+def print_json(value) -> None:
+    """A command's result as one JSON object on stdout (--json)."""
+    print(json.dumps(value))
