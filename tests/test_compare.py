@@ -132,6 +132,15 @@ def test_chars_per_second_beside_tokens_per_second(cmp_runs):
     assert bpe["tokens"] == 30 and bpe["chars"] > 30  # a BPE token holds several characters
 
 
+def test_the_notes_name_every_sampling_setting_changed_from_its_default(cmp_runs):
+    """Read off SampleConfig's fields: a new sampling option shows up here with no edit to the view."""
+    args = ["compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the", "-n", "5", "--seed", "2"]
+    plain = cli(*args).stdout
+    assert "seed 2 · temperature 0.8\n" in plain and "top-k" not in plain
+    changed = cli(*args, "--top-k", "5", "--repetition-penalty", "1.3", "-t", "0.5").stdout
+    assert "seed 2 · temperature 0.5 · top-k 5 · repetition-penalty 1.3\n" in changed
+
+
 def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
     r = cli(
         "compare",

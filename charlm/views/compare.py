@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.comparison import Comparison, Contestant
+from charlm.config import SampleConfig, flag_fields, flag_name
 from charlm.models import count_params
 from charlm.views.text import safe_text
 
@@ -197,12 +198,15 @@ class CompareView:
         lines = ["val bpc: best validation bits/char in training (each on its own corpus)"]
         if self.eval_path is not None:
             lines.append(safe_text(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file"))
+        apart = ("temperature", "max_tokens", "stop", "seed", "unknown")  # shown apart, or not how a token is picked
+        changed = [  # how each next token was picked: the settings changed from their defaults, from the fields
+            f"{flag_name(f)} {getattr(s, f.name):g}"
+            for f in flag_fields(SampleConfig)
+            if f.name not in apart and getattr(s, f.name) != f.default
+        ]
         lines.append(
             f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
-            f"temperature {s.temperature:g}"
-            + (f" · top-k {s.top_k}" if s.top_k else "")
-            + (f" · top-p {s.top_p:g}" if s.top_p < 1 else "")
-            + (f" · repetition penalty {s.repetition_penalty:g}" if s.repetition_penalty != 1 else "")
+            + " · ".join([f"temperature {s.temperature:g}", *changed])
         )
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
