@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Run a command as it runs on an AVX2-only CPU (AMD Zen 1-3), on an AVX-512 one (Zen 4): PyTorch's own
+# kernels, oneDNN and MKL limited to AVX2, and no native bf16 (so --precision auto picks fp32, as there).
+# The kernels and dtypes are what differ between the two kinds of CPU the team gets, so a test suite or a
+# lab result checked this way is checked for both on whichever machine a session has:
+#   benchmarks/as_avx2.sh python -m pytest -q
+#   benchmarks/as_avx2.sh charlm lab recall --seeds 3 --json
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+export PYTHONPATH="$here/as_avx2${PYTHONPATH:+:$PYTHONPATH}"
+exec "$@"
