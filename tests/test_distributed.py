@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,24 @@ REF = dict(steps=3, optimizer="adamw", eval_interval=3, precision="fp32")
 RESUMED = dict(dropout=0.1)  # the runs compared with each other (Muon, dropout: every RNG matters)
 
 
+def test_a_torchrun_process_ends_with_its_exit_code_and_all_its_output(tmp_path):
+    """python -m charlm as one of several ranks ends through distributed.exit_process (no interpreter
+    finalization): the exit code and every line it printed still arrive."""
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1"}
+    ok = subprocess.run([sys.executable, "-m", "charlm", "lab"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    from charlm.lab import EXPERIMENTS
+
+    listed = [line.split()[0] for line in ok.stdout.splitlines()[1:] if line[:1].strip()]
+    assert ok.returncode == 0 and listed == list(EXPERIMENTS), ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "charlm", "runs", "nowhere"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert (
+        bad.returncode == 1
+        and bad.stderr.strip() == "error: rank 1: no directory nowhere: give a folder that holds run directories"
+    )
+
+
 def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
     """Also: Ctrl-C on one rank and --max-time stop all ranks at the same step (see _ddp_worker)."""
     corpus = write_corpus(tmp_path / "citizens.txt")
@@ -401,5 +420,12 @@ def _ddp_worker(root: Path, corpus: Path) -> None:
         distributed.close()
 
 
-if __name__ == "__main__":
-    _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
+if __name__ == "__main__":  # ends as charlm's own torchrun processes do (distributed.exit_process says why)
+    from charlm import distributed
+
+    try:
+        _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
+    except BaseException:
+        traceback.print_exc()
+        distributed.exit_process(1)
+    distributed.exit_process(0)
