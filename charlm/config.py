@@ -56,6 +56,15 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_paths(config, *names: str) -> None:
+    """A path flag given as empty text ('') is refused: it would mean the current directory, or nothing."""
+    for f in fields(config):
+        _check(
+            f.name not in names or getattr(config, f.name) != "",
+            f"--{flag_name(f)} is empty: give a path, or leave it out",
+        )
+
+
 MAX_BITS = 10_000  # str() of a whole number of more than 4300 digits (14,000 bits) raises ValueError
 
 
@@ -528,6 +537,7 @@ class LabConfig:
         _check_types(self)
         check_seed(self.seed)
         _check(1 <= self.seeds <= 100, f"--seeds must be between 1 and 100, got {self.seeds}")
+        _check_paths(self, "out", "text")
         return self
 
 
@@ -553,6 +563,7 @@ class TrainOptions:
 
     def validate(self) -> TrainOptions:
         _check_types(self)
+        _check_paths(self, "out")
         return self
 
 
@@ -566,6 +577,7 @@ class PromptOptions:
     def validate(self):
         _check_types(self)
         _check(self.prompt is None or self.prompt_file is None, "give --prompt or --prompt-file, not both")
+        _check_paths(self, "prompt_file")
         return self
 
 
@@ -635,6 +647,7 @@ class CompareOptions:
 
     def validate(self) -> CompareOptions:
         _check_types(self)
+        _check_paths(self, "eval_file")
         return self
 
 

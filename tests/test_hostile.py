@@ -13,6 +13,7 @@ import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import cli
 
 from charlm import checkpoint
 from charlm.checkpoint import CheckpointError
@@ -430,3 +431,21 @@ def test_a_containers_memory_limit_counts_in_the_memory_estimate(tmp_path, monke
     assert memory._cgroup_room() is None
     (tmp_path / "memory" / "memory.limit_in_bytes").write_text("105\n")
     assert memory._cgroup_room() == 100
+
+
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["train", "c.txt", "--out", ""], "--out"),  # trained into the current directory before
+        (["sample", "run", "--prompt-file", ""], "--prompt-file"),
+        (["attn", "run", "--prompt-file", ""], "--prompt-file"),
+        (["compare", "a", "b", "--eval", ""], "--eval"),  # was taken as no --eval at all
+        (["lab", "copy", "--out", ""], "--out"),
+        (["lab", "ablate", "run", "--text", ""], "--text"),
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_here_or_nothing(tmp_path, monkeypatch, args, flag):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text(TEXT, encoding="utf-8")
+    one_line(cli(*args), f"{flag} is empty: give a path, or leave it out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]  # nothing written
