@@ -39,9 +39,6 @@ OPTIMIZERS = ("muon", "adamw")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
-DEVICE_HELP = "auto: cuda when PyTorch sees a GPU, else cpu."
-UNKNOWN_HELP = "Characters a char model never saw: stop with an error, drop them, or replace them."
-NO_CACHE_HELP = "Recompute the whole text for every token (slow: to compare)."
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
@@ -180,6 +177,25 @@ def flag(
 def internal(default, applies_to: str | None = None, **kw):
     """A field with no command-line flag: set by code (vocab_size from the tokenizer) or fixed by design."""
     return field(default=default, metadata=dict(flag=False, applies_to=applies_to), **kw)
+
+
+def device_flag(**kw):
+    """--device, as train, sample, chat, eval, compare and lab take it."""
+    return flag("auto", "auto: cuda when PyTorch sees a GPU, else cpu.", choices=DEVICES, **kw)
+
+
+def unknown_flag(**kw):
+    """--unknown: what a char model does with characters it never saw (sample, chat, compare, attn, gates, eval)."""
+    return flag(
+        "error",
+        "Characters a char model never saw: stop with an error, drop them, or replace them.",
+        choices=UNKNOWN,
+        **kw,
+    )
+
+
+def no_cache_flag():
+    return flag(False, "Recompute the whole text for every token (slow: to compare).")
 
 
 def flag_name(f) -> str | None:
@@ -322,7 +338,7 @@ class TrainConfig:
         200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True, section="Run"
     )
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run")
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES, resumable=True, section="Run")
+    device: str = device_flag(resumable=True, section="Run")
     compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
 
     @staticmethod
@@ -402,7 +418,7 @@ class SampleConfig:
         default_factory=list,
     )
     seed: int | None = flag(None, "Same seed, same text [default: random].", example="42 (or none)")
-    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN, example="drop")
+    unknown: str = unknown_flag(example="drop")
 
     def validate(self) -> SampleConfig:
         _check_types(self)
@@ -531,7 +547,7 @@ class LabConfig:
     out: str | None = flag(None, "Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
     text: str | None = flag(None, "ablate: the text scored [default: the run's corpus.txt].")
     plain: bool = flag(False, "A chart without colours (series told apart by their markers).")
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+    device: str = device_flag()
 
     def validate(self) -> LabConfig:
         _check_types(self)
@@ -588,8 +604,8 @@ class SampleOptions:
     num_samples: int = flag(1, "Samples, separated by a line '---'.")
     echo: bool = flag(True, "Print the prompt before its continuation.")
     stats: bool = flag(False, "One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
-    no_cache: bool = flag(False, NO_CACHE_HELP)
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+    no_cache: bool = no_cache_flag()
+    device: str = device_flag()
 
     def validate(self) -> SampleOptions:
         _check_types(self)
@@ -602,8 +618,8 @@ class ChatOptions:
     """`charlm chat`'s flags beside its SampleConfig."""
 
     mode: str = flag("fresh", "Each prompt starts anew, or continues the running text.", choices=("fresh", "continue"))
-    no_cache: bool = flag(False, NO_CACHE_HELP)
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+    no_cache: bool = no_cache_flag()
+    device: str = device_flag()
 
     def validate(self) -> ChatOptions:
         _check_types(self)
@@ -615,7 +631,7 @@ class LookOptions(PromptOptions):
     """The text attn and gates read, and how wide they draw (their views: AttnConfig, GatesConfig)."""
 
     width: int | None = flag(None, "Width in characters [default: the terminal's].")
-    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN)
+    unknown: str = unknown_flag()
 
     def validate(self) -> LookOptions:
         super().validate()
@@ -628,8 +644,8 @@ class EvalOptions:
     """How `charlm eval` reads its text."""
 
     stride: int | None = flag(None, "Transformer: tokens each window advances [default: context/2].")
-    unknown: str = flag("error", UNKNOWN_HELP, choices=UNKNOWN)
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+    unknown: str = unknown_flag()
+    device: str = device_flag()
 
     def validate(self) -> EvalOptions:
         _check_types(self)
@@ -643,7 +659,7 @@ class CompareOptions:
     prompt: str = flag("", "Text every model continues [default: none].", short="p")
     eval_file: str | None = flag(None, "Also show each model's bits/char on this text.", name="eval")
     interactive: bool = flag(False, "A prompt loop: each prompt goes to every model.", short="i")
-    device: str = flag("auto", DEVICE_HELP, choices=DEVICES)
+    device: str = device_flag()
 
     def validate(self) -> CompareOptions:
         _check_types(self)

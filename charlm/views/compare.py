@@ -85,6 +85,11 @@ def header(p: Contestant) -> tuple[Text, Text]:
     return title, sub
 
 
+def _shown(value) -> str:
+    """A setting's value in the notes: a number as %g, anything else as safe text (a setting may hold text)."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else safe_text(str(value))
+
+
 class CompareView:
     """Draws a Comparison: live panels while it runs, then the results table and notes."""
 
@@ -200,7 +205,7 @@ class CompareView:
             lines.append(safe_text(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file"))
         apart = ("temperature", "max_tokens", "stop", "seed", "unknown")  # shown apart, or not how a token is picked
         changed = [  # how each next token was picked: the settings changed from their defaults, from the fields
-            f"{flag_name(f)} {getattr(s, f.name):g}"
+            f"{flag_name(f)} {_shown(getattr(s, f.name))}"
             for f in flag_fields(SampleConfig)
             if f.name not in apart and getattr(s, f.name) != f.default
         ]
