@@ -728,9 +728,15 @@ def describe_presets() -> list[tuple[str, str]]:
             f"batch {s['batch_size']}, lr {s['lr']:g}"
         )
 
-    t = PRESET_TABLE
+    tables: dict[int, list[str]] = {}  # families that share one table (lstm and gru) are named together
+    for kind, table in PRESET_TABLE.items():
+        tables.setdefault(id(table), []).append(kind)
     return [
-        (n, f"for {PRESET_USE[n]}: transformer {sizes(t['transformer'][n])}; lstm/gru {sizes(t['lstm'][n])}")
+        (
+            n,
+            f"for {PRESET_USE[n]}: "
+            + "; ".join(f"{'/'.join(k)} {sizes(PRESET_TABLE[k[0]][n])}" for k in tables.values()),
+        )
         for n in PRESETS
     ]
 

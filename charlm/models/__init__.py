@@ -1,18 +1,26 @@
 """The model families behind one interface. config.FAMILIES names each family's class; build_model makes one.
 
-Every model honours one contract: forward(idx, targets=None, cache=None) -> (logits, loss), and
-new_cache(batch_size) gives the object that carries its memory between generation steps. Beyond it,
-what the rest of charlm asks of a model, each family's class answers itself, so that no code outside
-models/ tests which family it holds:
+The contract every family's class honours -- all of it is used outside models/, and
+tests/test_extensions.py checks it for every registered family:
 
-  shapes.py                 {name: shape} of its state dict, by arithmetic and without torch (a
-                            checkpoint is checked against it before anything is allocated)
-  Model.ACTIVATION_BYTES    saved activations per position × width × layer, for the memory estimate
-  model.capabilities        what can be read off it: "attention" (maps, heads) or "gates" (an LSTM/GRU's)
-  model.window              tokens it can see at once (None: no limit, an RNN's state)
-  model.rolling_cache       whether its cache can roll on past the window (a ring buffer; RoPE only)
-  model.decode(ids, cache)  logits after feeding ids into cache: the fastest path the family has
-  model.hidden_matrices()   the 2-D weights inside the network (what Muon steps)
+  Model(cfg)                the model a ModelConfig describes; it keeps it as model.cfg
+  forward(idx, targets=None, cache=None) -> (logits, loss)
+                            idx (B, T) token ids; logits (B, T, vocab); loss the mean cross-entropy against
+                            targets (B, T), where -1 marks a position not to score; cache: carried on in place
+  new_cache(batch_size, rolling=False)
+                            the object that carries the model's memory between calls; it has `pos` (tokens
+                            fed so far) and `reset()` (forget them); rolling=True only where rolling_cache
+  decode(ids, cache)        logits (vocab,) after feeding the list ids into cache: the fastest path it has
+  hidden_matrices()         the 2-D weights inside the network, which Muon steps (may be empty)
+  capabilities              a frozenset: "attention" (maps, heads: models/probes.py) and/or "gates" (an
+                            LSTM/GRU's gate traces); empty when nothing can be read off it
+  window                    tokens it can see at once (None: no limit, as an RNN's state)
+  rolling_cache             whether its cache can roll on past the window (a ring buffer)
+  ACTIVATION_BYTES          saved activations per position × width × layer, for the memory estimate
+
+and, beside the class: shapes.SHAPES[kind](cfg) gives {name: shape} of its state dict by arithmetic and
+without torch (a checkpoint is checked against it before anything is allocated; shapes.TIED where one tensor
+has two names), and config.PRESET_TABLE[kind] its sizes for each preset.
 """
 
 from __future__ import annotations

@@ -39,12 +39,17 @@ def rnn(cfg: ModelConfig) -> Shapes:
     return shapes | {"head.weight": (cfg.vocab_size, C), "head.bias": (cfg.vocab_size,)}
 
 
+def transformer_tied(cfg: ModelConfig) -> tuple[str, ...]:
+    return ("head.weight",) if cfg.tied else ()  # the head is the embedding table
+
+
 SHAPES = {"transformer": transformer, "lstm": rnn, "gru": rnn}  # by config.FAMILIES' names
+TIED = {"transformer": transformer_tied}  # a family whose state dict holds one tensor under two names
 
 
 def tied(cfg: ModelConfig) -> tuple[str, ...]:
-    """Names stored twice: the same tensor as another (a transformer's tied head is its embedding table)."""
-    return ("head.weight",) if cfg.kind == "transformer" and cfg.tied else ()
+    """Names stored twice: the same tensor as another (none, for a family not in TIED)."""
+    return TIED[cfg.kind](cfg) if cfg.kind in TIED else ()
 
 
 def param_shapes(cfg: ModelConfig) -> Shapes:

@@ -15,6 +15,8 @@ heads count from 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from rich import box
 from rich.cells import cell_len
@@ -23,7 +25,6 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.config import AttnConfig, ConfigError
-from charlm.models.probes import Attention, HeadStats
 from charlm.views.heatmap import (
     ASCII_PROSE,
     MAX_HEADER,
@@ -44,6 +45,9 @@ from charlm.views.heatmap import (
 
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
+
+if TYPE_CHECKING:  # (the probe's results are only drawn here: importing a view loads no torch)
+    from charlm.models.probes import Attention, HeadStats
 
 
 def _title(att: Attention) -> str:

@@ -9,11 +9,12 @@ and prints. Layers and units count from 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from charlm.models.probes import Gates
 from charlm.views.heatmap import (
     MAX_HEADER,
     Screen,
@@ -26,6 +27,9 @@ from charlm.views.heatmap import (
     spark_line,
     token_label,
 )
+
+if TYPE_CHECKING:  # (the probe's results are only drawn here: importing a view loads no torch)
+    from charlm.models.probes import Gates
 
 TITLES = {  # each gate's panel title
     "forget": "forget gate f: 1 keeps the cell's value, 0 erases it",
