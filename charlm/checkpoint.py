@@ -24,6 +24,7 @@ import numpy as np
 
 from charlm import files
 from charlm.config import ConfigError, ModelConfig, TrainConfig, shown
+from charlm.errors import UserError
 from charlm.models import build_model, param_shapes
 from charlm.tokenizer import tokenizer_from_json
 
@@ -34,7 +35,7 @@ FORMAT = "charlm-checkpoint"
 VERSION = 2  # 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used, with a message that says why."""
 
 

@@ -24,6 +24,8 @@ import re
 import reprlib
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from charlm.errors import UserError
+
 # The model families, by name: the class that implements each, imported only when a model is built (so that
 # commands which only read files never load torch). A new family: its module in charlm/models/ and a line here.
 FAMILIES = {
@@ -44,7 +46,7 @@ DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given n
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting that cannot work, with a message that says what to change."""
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from charlm import files
+from charlm.errors import UserError
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError, tokenizer_from_json, train_tokenizer
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ Tokenizer = CharTokenizer | BPETokenizer
 Progress = Callable[[int, int], None]
 
 
-class CorpusError(Exception):
+class CorpusError(UserError):
     """A one-line, user-facing problem with the corpus (or with --context for it)."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from charlm.errors import UserError
+
 # [A-Za-z0-9-] only: the host is part of temp file names and of the pattern that finds them again
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "localhost"
 # .<target name>.<host>.<pid>.<8 hex digits>.tmp: the host, because a cache directory may be shared with
@@ -24,7 +26,7 @@ _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "localhost"
 _TEMP = re.compile(rf"^\..+\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{8}}\.tmp$")
 
 
-class WriteError(Exception):
+class WriteError(UserError):
     """A file could not be written (a full disk, a quota, a read-only file system): one line saying where."""
 
     def __init__(self, message: str, path: Path):

@@ -16,9 +16,10 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from charlm.config import UNKNOWN as UNKNOWN_POLICIES
+from charlm.errors import UserError
 
 
-class UnknownCharactersError(ValueError):
+class UnknownCharactersError(UserError, ValueError):
     """Text contains characters outside a char tokenizer's vocabulary."""
 
     def __init__(self, chars: list[str]):

@@ -33,6 +33,7 @@ from charlm import checkpoint, distributed, files, runs
 from charlm.checkpoint import Corpus, Saved
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
+from charlm.errors import UserError
 from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.optim import make_optimizer
@@ -111,7 +112,7 @@ class TrainingInterrupted(Exception):
         self.result, self.signum = result, signum
 
 
-class TrainingDiverged(Exception):
+class TrainingDiverged(UserError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 

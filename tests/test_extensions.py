@@ -130,11 +130,18 @@ def run(out, seed=0, seeds=1, device="cpu", progress=print, **settings):
 TOY_COMMAND = '''"""count: a toy command for tests/test_extensions.py."""
 
 from charlm import checkpoint
+from charlm.errors import UserError
 from charlm.tokenizer import tokenizer_from_json
+
+
+class NothingToCount(UserError):
+    pass
 
 
 def count(ckpt, opts):
     """How many characters of opts.text the checkpoint's tokenizer knows (read without torch)."""
+    if not opts.text:
+        raise NothingToCount("nothing to count: give a text with -p")
     saved = checkpoint.read_header(checkpoint.resolve(ckpt))
     alphabet = set(getattr(tokenizer_from_json(saved.tokenizer), "chars", []))
     return {"checkpoint": str(ckpt), "known": sum(ch in alphabet for ch in opts.text), "of": len(opts.text)}
@@ -272,6 +279,8 @@ def test_a_new_command_needs_the_four_files_the_document_names(changed):
     assert "3 of 4 known" in charlm(root, tmp, "count", str(run), "-p", "cat!").stdout
     bad = charlm(root, tmp, "count", str(run), "-p", "x" * 2000, ok=False)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "1,000" in bad.stderr
+    empty = charlm(root, tmp, "count", str(run), ok=False)  # an error type of its own, listed nowhere
+    assert empty.returncode == 1 and empty.stderr == "error: nothing to count: give a text with -p\n"
     missing = charlm(root, tmp, "count", ok=False)
     assert missing.returncode == 2 and "CKPT" in missing.stderr  # the "which run?" hint
 

@@ -14,21 +14,13 @@ and draws what they return with charlm.views.
 from __future__ import annotations
 
 import os
-import sys
 
-from charlm import files
-from charlm.checkpoint import CheckpointError
-from charlm.config import ConfigError
-from charlm.data import CorpusError
-from charlm.tokenizer import UnknownCharactersError
+from charlm.errors import UserError
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """What the user can fix: bad settings, files and checkpoints; a run that diverged."""
-    errors = [ConfigError, CorpusError, CheckpointError, UnknownCharactersError, files.WriteError]
-    if "charlm.train" in sys.modules:  # (imported by the commands that train: never loaded just for this)
-        errors.append(sys.modules["charlm.train"].TrainingDiverged)
-    return tuple(errors)
+    """What the user can fix: bad settings, files and checkpoints; a run that diverged (errors.UserError)."""
+    return (UserError,)
 
 
 def failure(e: Exception) -> str:
