@@ -213,15 +213,10 @@ class Streamer:
         self._fed = 0
         self._last = None
 
-    def next_logits(self) -> torch.Tensor:
-        """Logits (vocab,) for the token after the running text, feeding the model only what it has
-        not seen."""
-        logits = self._next_logits()
-        return torch.from_numpy(logits) if isinstance(logits, np.ndarray) else logits
-
-    def _next_logits(self) -> torch.Tensor | np.ndarray:
-        # next_logits as the step leaves them: a numpy array from the numpy step, which stream() samples
-        # from without a round trip through torch (torch's part runs in inference mode, numpy's needs none)
+    def next_logits(self) -> torch.Tensor | np.ndarray:
+        """Logits (vocab,) for the token after the running text, feeding the model only what it has not
+        seen: a numpy array from the numpy step, which stream() samples from without a round trip through
+        torch (torch's part runs in inference mode, numpy's needs none)."""
         if not self.use_cache:
             if self.sliding:
                 self.ids = self.ids[-self.context :]
@@ -279,7 +274,7 @@ class Streamer:
         with one_thread(), closing(Uniforms(generator)) as uniform:
             for n in range(settings.max_tokens):
                 try:
-                    logits = self._next_logits()
+                    logits = self.next_logits()
                     history = None
                     if settings.repetition_penalty != 1.0:
                         history = torch.tensor(self.ids[-self.context :], device=self.device).unique()

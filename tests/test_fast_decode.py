@@ -163,7 +163,7 @@ def test_the_streamer_replaces_a_stale_decoder():
         gen.ids = [1, 2, 3]
         gen.next_logits()  # a prompt: torch
         gen.ids.append(4)
-        logits = gen.next_logits()  # one new token: the numpy step
+        logits = torch.as_tensor(gen.next_logits())  # one new token: the numpy step
         with torch.no_grad():
             want = model(torch.tensor([[1, 2, 3, 4]]))[0][0, -1]
         assert gen.fast is not None and (logits - want).abs().max().item() <= 1e-4

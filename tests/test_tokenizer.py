@@ -166,12 +166,9 @@ def test_json_round_trip(which, char, bpe):
     assert again.vocab_size == tok.vocab_size
     for text in SAMPLES:
         assert again.encode(text) == tok.encode(text)
-    assert type(tok).from_json(s).to_json() == s
 
 
 def test_json_wrong_kind(char, bpe):
-    with pytest.raises(ValueError, match="expected a 'bpe' tokenizer"):
-        BPETokenizer.from_json(char.to_json())
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
         tokenizer_from_json('{"kind": "pickle"}')
 
