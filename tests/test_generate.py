@@ -416,7 +416,7 @@ def test_cached_steps_equal_a_full_pass_at_every_position(kind, positions, fast)
     slides, worst = 0, 0.0
     for _ in range(60):
         before = len(gen.ids)
-        logits = gen.next_logits()
+        logits = torch.as_tensor(gen.next_logits())
         slides += len(gen.ids) < before
         assert gen.ids == text[-16:] if kind == "transformer" else gen.ids == text
         with torch.no_grad():
@@ -504,7 +504,7 @@ def test_one_layer_rolling_cache_equals_a_full_pass_over_the_last_window(fast):
     gen.ids = torch.randint(0, CHARS.vocab_size, (3,), generator=g).tolist()
     worst = 0.0
     for _ in range(50):
-        logits = gen.next_logits()
+        logits = torch.as_tensor(gen.next_logits())
         with torch.no_grad():
             full, _ = model(torch.tensor([gen.ids[-16:]]))
         worst = max(worst, (logits - full[0, -1]).abs().max().item())
@@ -528,7 +528,7 @@ def test_text_added_in_pieces_to_a_full_window(positions):
         text.extend(piece)
         if n >= 16:
             start = len(text) - 16
-        logits = gen.next_logits()
+        logits = torch.as_tensor(gen.next_logits())
         with torch.no_grad():
             if positions == "rope":
                 want = sliding_window_logits(model, text[start:])[-1]
@@ -544,7 +544,7 @@ def test_a_long_prompt_is_cut_to_the_last_context_tokens(positions):
     prompt = torch.randint(0, CHARS.vocab_size, (50,), generator=torch.Generator().manual_seed(11)).tolist()
     gen = Streamer(model, CHARS)
     gen.ids = list(prompt)
-    logits = gen.next_logits()
+    logits = torch.as_tensor(gen.next_logits())
     assert gen.ids == prompt[-16:] and gen.cache.pos == 16
     with torch.no_grad():
         torch.testing.assert_close(logits, model(torch.tensor([prompt[-16:]]))[0][0, -1], atol=1e-4, rtol=0)
