@@ -3,6 +3,7 @@
     python benchmarks/bench_compress.py load RUN
         # load time through checkpoint.load: the run, and int8/int4 copies of it (best of 5 each)
     python benchmarks/bench_compress.py distill TEACHER CORPUS --seeds 3 --max-time 60s --out DIR
+    python benchmarks/bench_compress.py distill TEACHER CORPUS --seeds 3 --steps 300 --out DIR2  # equal steps
         # the same student (--layers 2 --d-model 64) with and without the teacher, at the same wall time,
         # each seed's pair trained back to back (a busy CPU then slows both alike), every student scored on the
         # same validation tokens; beside them chance, the best shortcut (unigram) and the teacher
@@ -45,14 +46,14 @@ def load(run: str) -> None:
             print(f"| {name} | {path.stat().st_size:,} | {load_seconds(path, 5) * 1000:.0f} ms |")
 
 
-def train(corpus: str, out: Path, seed: int, max_time: str, teacher: str | None, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "charlm", "train", corpus, *STUDENT, "--seed", str(seed), "--max-time", max_time]
+def train(corpus: str, out: Path, seed: int, budget: list[str], teacher: str | None, extra: list[str]) -> None:
+    cmd = [sys.executable, "-m", "charlm", "train", corpus, *STUDENT, "--seed", str(seed), *budget]
     cmd += ["--out", str(out), "--sample-tokens", "0", *extra, *(["--teacher", teacher] if teacher else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def distill(teacher: str, corpus: str, seeds: int, max_time: str, out: Path, extra: list[str]) -> None:
+def distill(teacher: str, corpus: str, seeds: int, budget: list[str], out: Path, extra: list[str]) -> None:
     torch.set_num_threads(1)
     t = checkpoint.load(teacher)
     text = scored_text(t, None, 32768)
@@ -70,12 +71,14 @@ def distill(teacher: str, corpus: str, seeds: int, max_time: str, out: Path, ext
         for name, with_teacher in (("without teacher", False), ("with teacher", True)):
             run = out / f"{'with' if with_teacher else 'without'}-{seed}"
             if not (run / "best.pt").exists():
-                train(corpus, run, 1000 + seed, max_time, teacher if with_teacher else None, extra)
+                train(corpus, run, 1000 + seed, budget, teacher if with_teacher else None, extra)
             ck = checkpoint.load(run)
             nats, top1, kl = compare_to(log_probs(t.model, text.rows), log_probs(ck.model, text.rows), text.rows)
             rows[name].append((bits_per_char(nats, text.chars_per_token), ck.saved.step, top1))
     c = text.chars_per_token
-    print(f"students: {' '.join(STUDENT + extra)}, {max_time} each, seeds 1000..{999 + seeds}; teacher {teacher}")
+    print(
+        f"students: {' '.join(STUDENT + extra)}, {' '.join(budget)} each, seeds 1000..{999 + seeds}; teacher {teacher}"
+    )
     print(f"scored on {text.rows[:, 1:].numel():,} tokens of {text.source}\n")
     print("| student | bits/char per seed | mean | steps per seed | top-1 agreement with the teacher |")
     print("|---|---|---:|---|---|")
@@ -102,13 +105,15 @@ def main() -> None:
     d.add_argument("corpus")
     d.add_argument("--seeds", type=int, default=3)
     d.add_argument("--max-time", default="60s")
+    d.add_argument("--steps", type=int, help="the same steps for every student instead of the same time")
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--extra", nargs="*", default=[], help="more flags for every student (e.g. --distill-weight 0.8)")
     args = ap.parse_args()
     if args.what == "load":
         load(args.run)
     else:
-        distill(args.teacher, args.corpus, args.seeds, args.max_time, args.out, args.extra)
+        budget = ["--steps", str(args.steps)] if args.steps else ["--max-time", args.max_time]
+        distill(args.teacher, args.corpus, args.seeds, budget, args.out, args.extra)
 
 
 if __name__ == "__main__":
