@@ -249,14 +249,16 @@ def bits_per_weight(model: dict, quantized: dict | None, params: int) -> float:
     return 8 * sum(t.numel() * t.element_size() for t in tensors.values()) / params
 
 
-def build(ck, bits: int, cfg: ModelConfig, weights: tuple, what: dict, scores: tuple[float, float] | None) -> Saved:
+def build(
+    ck, name: str, bits: int, cfg: ModelConfig, weights: tuple, what: dict, scores: tuple[float, float] | None
+) -> Saved:
     """The compressed run's checkpoint: the original's record, with the new model (weights: stored()'s), its own
     score and what was done. No optimizer or rng: a compressed run is for using, not for training on."""
     model, quantized = weights
     loss, bpc = scores if scores else (None, None)
     return replace(
         ck.saved,
-        run_name=f"{ck.name}-compressed",
+        run_name=name,
         model_config=cfg,
         model=model,
         quantized=quantized,

@@ -8,6 +8,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from charlm import checkpoint
 from charlm.compress import (
     Measured,
@@ -73,8 +75,11 @@ class _Session:
     def cfg(self) -> ModelConfig:
         return self.ck.model_config
 
-    def pruned(self, heads: int, units: int) -> tuple[ModelConfig, dict, dict, list]:
+    def pruned(self, heads: int, units: int, chance: bool = False) -> tuple[ModelConfig, dict, dict, list]:
+        """The model without `heads` heads or `units` units of each layer: the least important, or (chance) a
+        random choice, the baseline that says what measuring importance buys."""
         cfg, state, dropped, what = self.cfg, self.state, [], {}
+        shuffled = np.random.default_rng(0).random
         if heads:
             if "attention" not in self.ck.model.capabilities:
                 raise ConfigError(
@@ -82,7 +87,8 @@ class _Session:
                 )
             if self._heads is None:
                 self._heads = head_importance(self.ck.model, self.probe)
-            cfg, state, dropped = drop_heads(cfg, state, self._heads, heads)
+            ranking = shuffled(self._heads.shape) if chance else self._heads
+            cfg, state, dropped = drop_heads(cfg, state, ranking, heads)
             what = {"heads_dropped": heads, "dropped": [list(d) for d in dropped]}
         if units:
             if "gates" not in self.ck.model.capabilities:
@@ -91,20 +97,23 @@ class _Session:
                 )
             if self._units is None:
                 self._units = unit_importance(self.ck.model, self.probe)
-            cfg, state, dropped = drop_units(cfg, state, self._units, units)
+            ranking = shuffled(self._units.shape) if chance else self._units
+            cfg, state, dropped = drop_units(cfg, state, ranking, units)
             what = {"units_dropped": units, "dropped": [list(d) for d in dropped]}
         return cfg, state, what, dropped
 
-    def write(self, to: Path, bits: int, heads: int, units: int, name: str) -> tuple[Measured, list]:
+    def write(
+        self, to: Path, bits: int, heads: int, units: int, name: str, chance: bool = False
+    ) -> tuple[Measured, list]:
         """Write the run, load it back through the safe loader as every command does, score it, and write it
         again with its own score."""
-        cfg, state, what, dropped = self.pruned(heads, units)
+        cfg, state, what, dropped = self.pruned(heads, units, chance)
         weights, path = stored(state, bits), to / "best.pt"
-        checkpoint.save(build(self.ck, bits, cfg, weights, what, None), path)
+        checkpoint.save(build(self.ck, to.name, bits, cfg, weights, what, None), path)
         ck = checkpoint.load(path)
         nats, top1, kl = compare_to(self.reference, log_probs(ck.model, self.text.rows), self.text.rows)
         bpc = bits_per_char(nats, self.text.chars_per_token)
-        checkpoint.save(build(self.ck, bits, cfg, weights, what, (nats, bpc)), path)
+        checkpoint.save(build(self.ck, to.name, bits, cfg, weights, what, (nats, bpc)), path)
         params = param_count(cfg)
         m = Measured(
             name, params, bits_per_weight(*weights, params), path.stat().st_size, bpc, top1, kl, tokens_per_s(ck)
@@ -112,13 +121,13 @@ class _Session:
         return m, dropped
 
 
-def _label(bits: int, heads: int, units: int) -> str:
+def _label(bits: int, heads: int, units: int, chance: bool = False) -> str:
     words = [{32: "float32", 16: "bf16", 8: "int8", 4: "int4"}[bits]]
     if heads:
         words.append(f"-{heads} head{'s' * (heads > 1)}/layer")
     if units:
         words.append(f"-{units} unit{'s' * (units > 1)}/layer")
-    return " ".join(words)
+    return " ".join(words) + (" (chosen at random)" if chance else "")
 
 
 def compress(ckpt: str, opts: CompressOptions) -> Compressed:
@@ -129,7 +138,7 @@ def compress(ckpt: str, opts: CompressOptions) -> Compressed:
         raise ConfigError(f"--to {to} already holds a run: give a new directory")
     s = _Session(ckpt, opts)
     with tempfile.TemporaryDirectory() as tmp:
-        original, _ = s.write(Path(tmp), 32, 0, 0, "original (float32)")
+        original, _ = s.write(Path(tmp), 32, 0, 0, "original")
     result, dropped = s.write(
         to, opts.bits, opts.drop_heads, opts.drop_units, _label(opts.bits, opts.drop_heads, opts.drop_units)
     )
@@ -142,20 +151,21 @@ def report(ckpt: str, opts: CompressOptions) -> Report:
     opts.validate()
     s = _Session(ckpt, opts)
     cfg = s.cfg
-    settings = [(32, 0, 0), (16, 0, 0), (8, 0, 0), (4, 0, 0)]
+    settings = [(32, 0, 0, False), (16, 0, 0, False), (8, 0, 0, False), (4, 0, 0, False)]
     if "attention" in s.ck.model.capabilities:
-        settings += [(32, k, 0) for k in range(1, cfg.n_heads // 2 + 1)]
-        settings += [(8, 1, 0), (4, 1, 0)] if cfg.n_heads >= 2 else []
+        settings += [(32, k, 0, False) for k in range(1, cfg.n_heads // 2 + 1)]
+        settings += [(32, 1, 0, True), (8, 1, 0, False), (4, 1, 0, False)] if cfg.n_heads >= 2 else []
     else:
         H = cfg.hidden_size
         steps = sorted({max(1, H * i // 8) for i in range(1, 5)} - {0})
-        settings += [(32, 0, k) for k in steps if k < H]
-        settings += [(8, 0, steps[0]), (4, 0, steps[0])] if steps[0] < H else []
+        settings += [(32, 0, k, False) for k in steps if k < H]
+        if steps[0] < H:
+            settings += [(32, 0, steps[0], True), (8, 0, steps[0], False), (4, 0, steps[0], False)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for bits, heads, units in settings:
-            where = Path(tmp) / f"{bits}-{heads}-{units}"
-            rows.append(s.write(where, bits, heads, units, _label(bits, heads, units))[0])
+        for i, (bits, heads, units, chance) in enumerate(settings):
+            where = Path(tmp) / str(i)
+            rows.append(s.write(where, bits, heads, units, _label(bits, heads, units, chance), chance)[0])
             os.remove(where / "best.pt")
     return Report(rows, s.text.source, int(s.text.rows[:, 1:].numel()), reading(rows), str(s.ck.path))
 
@@ -172,6 +182,13 @@ def reading(rows: list[Measured]) -> list[str]:
             f"smallest within +{within:.2f} bits/char: {best.name}, {best.file_bytes / base.file_bytes:.0%} of the "
             f"float32 file ({best.bpc - base.bpc:+.3f} bits/char, top-1 agreement {best.top1:.1%})"
         )
+    for r in rows:  # what measuring importance bought over a random choice of the same size
+        if r.name.endswith(" (chosen at random)"):
+            measured = next(m for m in rows if m.name == r.name.removesuffix(" (chosen at random)"))
+            out.append(
+                f"{measured.name}: {measured.bpc - base.bpc:+.3f} bits/char by measured importance, "
+                f"{r.bpc - base.bpc:+.3f} at random"
+            )
     worse = [r for r in rows if r.bpc - base.bpc > 0.10]
     if worse:
         names = ", ".join(f"{r.name} ({r.bpc - base.bpc:+.2f})" for r in worse)
