@@ -271,3 +271,10 @@ def test_crafted_compressed_checkpoints_are_refused_with_one_line(compressed, tm
     path = crafted(compressed["tf"], tmp_path, "bad", change)
     for command in (["info", path], ["sample", path, "-n", "5"]):
         one_line_error(cli(*command), words)
+
+
+def test_info_and_runs_read_a_compressed_run_without_torch(compressed):
+    from tests.test_startup import imported
+
+    assert imported("info", compressed["tf"]) == []
+    assert imported("runs", compressed["tf"].parent, "--json") == []
