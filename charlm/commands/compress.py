@@ -127,7 +127,7 @@ def _label(bits: int, heads: int, units: int, chance: bool = False) -> str:
         words.append(f"-{heads} head{'s' * (heads > 1)}/layer")
     if units:
         words.append(f"-{units} unit{'s' * (units > 1)}/layer")
-    return " ".join(words) + (" (chosen at random)" if chance else "")
+    return " ".join(words) + (" (random)" if chance else "")
 
 
 def compress(ckpt: str, opts: CompressOptions) -> Compressed:
@@ -183,8 +183,8 @@ def reading(rows: list[Measured]) -> list[str]:
             f"float32 file ({best.bpc - base.bpc:+.3f} bits/char, top-1 agreement {best.top1:.1%})"
         )
     for r in rows:  # what measuring importance bought over a random choice of the same size
-        if r.name.endswith(" (chosen at random)"):
-            measured = next(m for m in rows if m.name == r.name.removesuffix(" (chosen at random)"))
+        if r.name.endswith(" (random)"):
+            measured = next(m for m in rows if m.name == r.name.removesuffix(" (random)"))
             out.append(
                 f"{measured.name}: {measured.bpc - base.bpc:+.3f} bits/char by measured importance, "
                 f"{r.bpc - base.bpc:+.3f} at random"
