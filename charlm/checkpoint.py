@@ -98,6 +98,10 @@ class Saved:
     scaler: dict | None = None  # fp16's GradScaler
     world_size: int = 1  # processes that trained it: each rank's batches are part of the run
     weights_sha256: list[str] | None = None  # every rank's weights digest (several processes only)
+    # charlm compress: the weights stored as int8/int4 with their scales (see "Quantized weights" below), taken
+    # out of `model`; and what was done to the model, as plain values (its source, bits, what was dropped)
+    quantized: dict | None = None
+    compressed: dict | None = None
 
     def to_payload(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -165,6 +169,8 @@ class Saved:
             "corpus": c.name if c else None,
             "corpus_sha256": c.sha256 if c else None,
             "device": self.device,
+            "compressed": describe_compression(self.compressed),
+            "teacher": self.train_config.teacher,
         }
 
     def require_training_state(self, path: Path) -> None:
@@ -173,7 +179,8 @@ class Saved:
             raise CheckpointError(f"{path} is an incomplete charlm checkpoint (missing {', '.join(missing)})")
 
 
-TENSOR_FIELDS = ("model", "optimizer", "rng", "scaler")  # what holds tensors: read_header leaves them as TensorInfo
+# what holds tensors: read_header leaves them as TensorInfo
+TENSOR_FIELDS = ("model", "optimizer", "rng", "scaler", "quantized")
 
 # what every checkpoint holds, and the types of the plain values (checked on read)
 REQUIRED = (
@@ -206,6 +213,8 @@ TYPES = {  # None stands for "not there" in every field
     "scaler": (dict,),
     "world_size": (int,),
     "weights_sha256": (list,),
+    "quantized": (dict,),
+    "compressed": (dict,),
 }
 CORPUS_TYPES = {
     "name": (str,),
@@ -543,6 +552,9 @@ def _checked(p: Path, map_location) -> tuple[Saved, object]:
     for name, info in header.model.items():  # torch.load read the same bytes: the same tensors, unless crafted
         if getattr(saved.model.get(name), "shape", None) != info.shape:
             raise CheckpointError(f"{p} is not a readable charlm checkpoint (its tensors do not match its header)")
+    if header.quantized:  # the same check, then the float weights every command computes with
+        shapes = param_shapes(header.model_config)
+        saved = replace(saved, model={**saved.model, **_dequantized(p, header.quantized, saved.quantized, shapes)})
     return saved, tokenizer
 
 
@@ -571,9 +583,12 @@ def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
     expected = param_shapes(saved.model_config)
     m = saved.model_config
     bad = f"{p} is an inconsistent charlm checkpoint: its weights do not match its config ({m.kind}, layers {m.n_layers}, d_model {m.d_model}"
-    missing = sorted(expected.keys() - saved.model.keys())
+    quantized = saved.quantized or {}
+    stored = saved.model.keys() | quantized.keys()
+    missing = sorted(expected.keys() - stored)
     # a crafted file's keys need not be strings, short, or free of newlines: each shown on one line, short
-    extra = sorted(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in saved.model.keys() - expected.keys())
+    extra = sorted(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in stored - expected.keys())
+    extra += sorted(k for k in quantized.keys() & saved.model.keys() if k in expected)  # stored twice
     if missing or extra:
         what = "; ".join(
             ([f"missing {', '.join(missing[:3])}"] if missing else [])
@@ -581,6 +596,9 @@ def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
         )
         raise CheckpointError(f"{bad}: {what})")
     for name, want in expected.items():
+        if name in quantized:
+            _check_quantized(saved, p, z, name, want, bad)
+            continue
         t = saved.model[name]
         if not isinstance(t, TensorInfo):
             raise CheckpointError(f"{bad}: {name} is not a tensor)")
@@ -658,3 +676,129 @@ def load(path: str | Path, device: str = "cpu") -> Checkpoint:
         raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
     model.to(device).eval()
     return Checkpoint(p, model, tokenizer, saved)
+
+
+# ---- Quantized weights (charlm compress) ----------------------------------------------------------------
+# A quantized matrix is stored as {"bits": 8 or 4, "values": ..., "scales": ...} in Saved.quantized, under its
+# state-dict name, instead of as a float tensor in Saved.model:
+#   int8: values int8 (rows, cols), scales float32 (rows,): one scale per output channel, w = q * scale
+#   int4: values uint8 (rows, groups * 16), scales float16 (rows, groups), groups = ceil(cols / 32): a scale
+#         per group of 32 along a row, two codes a byte (the first in the low nibble), code = q + 8, w = q *
+#         scale; the codes past the row's end (its last group's padding) are 8 (zero) and never read
+# Quantizing rounds to the nearest step (|w - q * scale| <= scale / 2); commands compute in float after loading.
+# Checks, before anything is allocated: the shapes and dtypes above by arithmetic from the config's shapes,
+# every value stored, every scale a finite number in [0, MAX_SCALE[bits]].
+
+INT4_GROUP = 32
+QMAX = {8: 127, 4: 7}  # symmetric: q in [-QMAX, QMAX]
+MAX_WEIGHT = 2.0**16  # no trained weight comes near: a larger scale is a damaged or crafted file
+MAX_SCALE = {bits: MAX_WEIGHT / q for bits, q in QMAX.items()}
+_QUANT_DTYPES = {8: ("CharStorage", "FloatStorage"), 4: ("ByteStorage", "HalfStorage")}  # values, scales
+
+
+def quantized_shapes(bits: int, rows: int, cols: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of (values, scales) that hold a (rows, cols) matrix at `bits`."""
+    if bits == 8:
+        return (rows, cols), (rows,)
+    groups = -(-cols // INT4_GROUP)
+    return (rows, groups * INT4_GROUP // 2), (rows, groups)
+
+
+def quantize(w: np.ndarray, bits: int) -> dict:
+    """A float matrix (rows, cols) as Saved.quantized stores it, in numpy: {"bits", "values", "scales"}. Each
+    scale is the largest magnitude of its row (int8) or group (int4) over QMAX, rounded up to its stored type."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    q = QMAX[bits]
+    if bits == 8:
+        scales = (np.abs(w).max(axis=1) / q).astype(np.float32)
+        fit = scales.astype(np.float64)
+        values = np.rint(w / np.where(fit > 0, fit, 1)[:, None]).clip(-q, q).astype(np.int8)
+        return {"bits": 8, "values": values, "scales": scales}
+    groups = -(-cols // INT4_GROUP)
+    padded = np.zeros((rows, groups * INT4_GROUP), np.float32)
+    padded[:, :cols] = w
+    g = padded.reshape(rows, groups, INT4_GROUP)
+    top = np.abs(g).max(axis=2).astype(np.float64)
+    scales = (top / q).astype(np.float16)
+    low = scales.astype(np.float64) * q < top  # float16 rounded it down: the group's largest would not fit
+    scales[low] = np.nextafter(scales[low], np.float16(np.inf))
+    fit = scales.astype(np.float64)
+    codes = (np.rint(g / np.where(fit > 0, fit, 1)[..., None]).clip(-q, q) + 8).astype(np.uint8)
+    codes = codes.reshape(rows, groups * INT4_GROUP)
+    return {"bits": 4, "values": codes[:, 0::2] | (codes[:, 1::2] << 4), "scales": scales}
+
+
+def _check_quantized(saved: Saved, p: Path, z: zipfile.ZipFile, name: str, want: tuple, bad: str) -> None:
+    """One entry of Saved.quantized against the matrix `want` the config needs, on the header's TensorInfo and
+    the scales' stored bytes (numpy, no torch)."""
+    e = saved.quantized[name]
+    if not (
+        isinstance(e, dict)
+        and e.keys() == {"bits", "values", "scales"}
+        and type(e["bits"]) is int
+        and e["bits"] in QMAX
+        and len(want) == 2
+    ):
+        raise CheckpointError(f"{bad}: {name} is not a quantized matrix (bits 8 or 4, values, scales))")
+    bits = e["bits"]
+    for part, shape, dtype in zip(("values", "scales"), quantized_shapes(bits, *want), _QUANT_DTYPES[bits]):
+        t = e[part]
+        if not isinstance(t, TensorInfo) or t.dtype != dtype:
+            kind = dtype[: -len("Storage")].lower()
+            raise CheckpointError(f"{bad}: {name}'s int{bits} {part} should be a tensor of {kind} values)")
+        if t.shape != shape:
+            raise CheckpointError(f"{bad}: {name}'s int{bits} {part} are {t.shape}, its shape {want} needs {shape})")
+        if not t.holds_its_values():
+            raise CheckpointError(f"{bad}: {name}'s {part} do not hold their {math.prod(t.shape):,} values)")
+        prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
+        try:
+            stored = z.getinfo(f"{prefix}data/{t.key}").file_size
+        except KeyError as e:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({_last_words(e)})") from None
+        if stored != t.storage_numel * _STORAGES[dtype]:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({name}'s {part} are not all there)")
+    t = e["scales"]
+    scales = np.frombuffer(z.read(f"{prefix}data/{t.key}"), dtype="<f4" if bits == 8 else "<f2")
+    if not (np.isfinite(scales).all() and (scales >= 0).all() and (scales <= MAX_SCALE[bits]).all()):
+        raise CheckpointError(
+            f"{p} holds damaged weights: {name}'s int{bits} scales should be finite numbers between 0 and "
+            f"{MAX_SCALE[bits]:g}; compress again or use another checkpoint"
+        )
+
+
+def _dequantized(p: Path, header: dict, loaded: dict, shapes: dict) -> dict:
+    """The float32 matrices of Saved.quantized, after checking that torch.load read what the header described."""
+    import torch
+
+    out = {}
+    for name, e in header.items():
+        got = loaded.get(name) if isinstance(loaded, dict) else None
+        if not (
+            isinstance(got, dict)
+            and getattr(got.get("values"), "shape", None) == e["values"].shape
+            and getattr(got.get("scales"), "shape", None) == e["scales"].shape
+        ):
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint (its tensors do not match its header)")
+        values, scales = got["values"], got["scales"].float()
+        if e["bits"] == 8:
+            out[name] = values.float() * scales[:, None]
+            continue
+        rows, groups = scales.shape
+        codes = torch.stack((values & 15, values >> 4), dim=-1).reshape(rows, groups, INT4_GROUP)
+        out[name] = ((codes.float() - 8) * scales[..., None]).reshape(rows, -1)[:, : shapes[name][1]].contiguous()
+    return out
+
+
+def describe_compression(compressed: dict | None) -> str | None:
+    """What charlm compress did, in a few words (for info): "int8 weights; 1 head of each layer dropped"."""
+    if not compressed:
+        return None
+    words = []
+    if compressed.get("bits") in (16, 8, 4):
+        words.append({16: "bf16", 8: "int8", 4: "int4 (groups of 32)"}[compressed["bits"]] + " weights")
+    for key, what in (("heads_dropped", "head"), ("units_dropped", "unit")):
+        k = compressed.get(key)
+        if isinstance(k, int) and k > 0:
+            words.append(f"{k} {what}{'s' * (k > 1)} of each layer dropped")
+    return "; ".join(words) or "as it was"

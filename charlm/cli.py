@@ -266,6 +266,25 @@ def compare(ckpts, as_json, **flags):
         view.show(opts.prompt)
 
 
+@command(config.CompressOptions, args=[path_argument("ckpt")], json=True)
+def compress(ckpt, as_json, **flags):
+    """A smaller run from CKPT (int8/int4 weights, heads or units dropped) that every command opens, measured
+    before → after on the run's validation text; --report: every method at a few settings, one table."""
+    opts = from_flags(config.CompressOptions, flags)
+    from charlm.commands import compress as run
+    from charlm.views.compress import render_compressed, render_report
+
+    if opts.report:
+        rep = run.report(ckpt, opts)
+        return print_json(rep.to_dict()) if as_json else render_report(out_console(), rep)
+    done = run.compress(ckpt, opts)
+    if as_json:
+        return print_json(
+            {"original": done.original.to_dict(), "compressed": done.result.to_dict(), "path": str(done.path)}
+        )
+    render_compressed(out_console(), done)
+
+
 @command(args=[path_argument("ckpt")], json=True)
 def info(ckpt, as_json):
     """Show what a checkpoint (a file or a run directory) holds."""

@@ -232,6 +232,23 @@ class ModelConfig:
     # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and
     # copy models: with a tied head the current key's own embedding pulls the answer toward the key itself)
     tied: bool = internal(True, applies_to="transformer")
+    # a pruned model's sizes (charlm compress drops heads or units): None means the usual d_model // n_heads and
+    # d_model. A transformer that lost heads keeps their size: its attention is n_heads × head_dim wide
+    head_dim: int | None = internal(None, applies_to="transformer")
+    hidden: int | None = internal(None)  # an LSTM/GRU's hidden size (its embedding stays d_model)
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def attn_width(self) -> int:
+        """What attention's q, k and v are wide: every head side by side (d_model, unless heads were dropped)."""
+        return self.n_heads * self.head_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden or self.d_model
 
     def applies(self, name: str) -> bool:
         """Whether the field `name` means anything for this model family (flag(applies_to=...))."""
@@ -255,19 +272,26 @@ class ModelConfig:
         if self.applies("n_heads"):  # the transformer's own fields
             _check(self.n_heads >= 1, f"--heads must be at least 1, got {self.n_heads}")
             _check(
-                self.d_model % self.n_heads == 0,
+                self.head_dim is None or 1 <= self.head_dim <= 16384 and self.n_heads * self.head_dim <= 16384,
+                f"head size must be between 1 and 16384, got {self.head_dim}",
+            )
+            _check(
+                self.head_dim is not None or self.d_model % self.n_heads == 0,
                 f"--d-model {self.d_model} is not divisible by --heads {self.n_heads}: pick sizes where it is (e.g. 128 and 4)",
             )
             _check(
                 self.positions in POSITIONS,
                 f"unknown --positions {shown(self.positions)}: choose one of {', '.join(POSITIONS)}",
             )
-            head_dim = self.d_model // self.n_heads
             _check(
-                self.positions != "rope" or head_dim % 2 == 0,
-                f"rope needs an even head size, but --d-model {self.d_model} / --heads {self.n_heads} = {head_dim}",
+                self.positions != "rope" or self.head_size % 2 == 0,
+                f"rope needs an even head size, but --d-model {self.d_model} / --heads {self.n_heads} = {self.head_size}",
             )
             _check(1 <= self.mlp_ratio <= 16, f"mlp ratio must be between 1 and 16, got {self.mlp_ratio}")
+        _check(
+            self.hidden is None or 1 <= self.hidden <= 16384,
+            f"hidden size must be between 1 and 16384, got {self.hidden}",
+        )
         return self
 
     def to_dict(self) -> dict:
@@ -342,6 +366,16 @@ class TrainConfig:
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run")
     device: str = device_flag(resumable=True, section="Run")
     compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
+    # distillation (charlm.distill): the loss is (1 - w) CE + w T² KL(teacher_T || student_T); w = 0 trains as usual
+    teacher: str | None = flag(
+        None, "Distil from this checkpoint (a file or run directory; same tokenizer).", section="Distillation"
+    )
+    distill_temperature: float = flag(
+        2.0, "Temperature of the teacher's and student's distributions.", section="Distillation"
+    )
+    distill_weight: float = flag(
+        0.5, "Share of the loss from the teacher's soft targets (0: ordinary training).", section="Distillation"
+    )
 
     @staticmethod
     def budget(steps: int | None, max_time: float | None) -> dict:
@@ -389,6 +423,12 @@ class TrainConfig:
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
         _check(self.device in DEVICES, f"unknown --device {shown(self.device)}: choose auto, cpu or cuda")
         _check(self.sample_tokens >= 0, "--sample-tokens must be at least 0")
+        _check(
+            0 < self.distill_temperature <= 100,
+            f"--distill-temperature must be above 0 and at most 100, got {self.distill_temperature}",
+        )
+        _check(0 <= self.distill_weight <= 1, f"--distill-weight must be between 0 and 1, got {self.distill_weight}")
+        _check_paths(self, "teacher")
         check_seed(self.seed)
         return self
 
@@ -651,6 +691,38 @@ class EvalOptions:
 
     def validate(self) -> EvalOptions:
         _check_types(self)
+        return self
+
+
+BITS = (32, 16, 8, 4)  # what charlm compress stores a weight in: float32, bf16, int8, int4
+
+
+@dataclass
+class CompressOptions:
+    """How `charlm compress` makes a smaller run, and how it measures it."""
+
+    to: str | None = flag(None, "Directory of the compressed run (every command opens it).")
+    bits: int = flag(
+        32, "Bits per stored weight: 32 (float32), 16 (bf16), 8 (int8 per output channel), 4 (int4 per group of 32)."
+    )
+    drop_heads: int = flag(0, "Transformer: drop this many heads of each layer, the least important (measured).")
+    drop_units: int = flag(0, "LSTM/GRU: drop this many hidden units of each layer, the least important (measured).")
+    report: bool = flag(False, "Measure every method at a few settings, one table (writes nothing).")
+    text: str | None = flag(None, "The text scored [default: the validation part of the run's corpus].")
+    tokens: int = flag(32768, "Tokens of the text scored (and 1/8 of them to measure importance).")
+
+    def validate(self) -> CompressOptions:
+        _check_types(self)
+        _check_paths(self, "to", "text")
+        _check(self.bits in BITS, f"--bits must be one of {', '.join(map(str, BITS))}, got {self.bits}")
+        _check(self.drop_heads >= 0, f"--drop-heads must be 0 or more, got {self.drop_heads}")
+        _check(self.drop_units >= 0, f"--drop-units must be 0 or more, got {self.drop_units}")
+        _check(self.tokens >= 64, f"--tokens must be at least 64, got {self.tokens}")
+        _check(self.report or self.to is not None, "give --to DIR (where the compressed run goes), or --report")
+        _check(
+            not (self.report and (self.to or self.bits != 32 or self.drop_heads or self.drop_units)),
+            "--report measures every setting itself and writes nothing: drop --to, --bits and --drop-*",
+        )
         return self
 
 

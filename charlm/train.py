@@ -262,6 +262,11 @@ class Trainer:
         """Model, optimizer and mixed precision, fresh."""
         self.model = build_model(self.model_cfg).to(self.device)
         self.params = count_params(self.model)
+        self.teacher = None  # distillation (charlm.distill): never loaded at weight 0, which trains as without one
+        if self.cfg.teacher is not None and self.cfg.distill_weight > 0:
+            from charlm.distill import Teacher
+
+            self.teacher = Teacher(self.cfg, self.tokenizer, self.model_cfg, self.device)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
@@ -433,7 +438,9 @@ class Trainer:
             sync = self.ddp.no_sync() if self.ddp is not None and micro < K - 1 else nullcontext()
             with sync:
                 with self.autocast:
-                    _, loss = self.forward(x, y)
+                    logits, loss = self.forward(x, y)
+                    if self.teacher is not None:
+                        loss = self.teacher.loss(x, y, logits, loss)
                 loss = loss / K  # gradients add up over the micro-batches: this makes their sum a mean
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()

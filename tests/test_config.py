@@ -26,6 +26,8 @@ INTERNAL = {
     (ModelConfig, "vocab_size"),
     (ModelConfig, "mlp_ratio"),
     (ModelConfig, "tied"),
+    (ModelConfig, "head_dim"),  # a pruned model's sizes (charlm compress)
+    (ModelConfig, "hidden"),
     (TrainConfig, "min_lr_ratio"),
     (TrainConfig, "beta2"),
     (TrainConfig, "grad_clip"),

@@ -84,7 +84,7 @@ def head_knockouts(model, ids: torch.Tensor, keep: torch.Tensor | None = None) -
     """(layer, head, nats per token) with each head knocked out in turn; ids (B, T + 1), keep: the targets
     scored (B, T; None: all)."""
     H = model.cfg.n_heads
-    hs = model.cfg.d_model // H
+    hs = model.cfg.head_size
     out = []
     for layer, block in enumerate(model.blocks):
         for head in range(H):

@@ -35,7 +35,8 @@ class FastDecoder:
         self.model, self.cache = model, cache
         self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
         nh, C, slots = cfg.n_heads, cfg.d_model, cache.slots
-        hs = C // nh
+        hs = cfg.head_size
+        A = nh * hs  # attention's width: C, unless heads were dropped (charlm compress)
         self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), _np(model.head.weight), _norm_args(model.norm)
         self.k, self.v = _np(cache.k)[:, 0], _np(cache.v)[:, 0]  # (L, nh, slots, hs): batch row 0
         self.layers = [
@@ -57,13 +58,13 @@ class FastDecoder:
         # scratch the step writes into, and views of it that never change
         f32 = np.float32
         self.x, self.xn, self.w, self.out = (np.empty(C, f32) for _ in range(4))  # residual, normed, scratch
-        self.qkv = np.empty(3 * C, f32)
+        self.qkv = np.empty(3 * A, f32)
         self.qk = self.qkv.reshape(3 * nh, hs)[: 2 * nh]  # q and k: (2 nh, hs)
         self.v_new = self.qkv.reshape(3 * nh, hs)[2 * nh :]  # (nh, hs)
         self.q = np.empty((nh, hs, 1), f32)  # the query times 1 / sqrt(hs), a column per head
         self.att = np.empty((nh, slots, 1), f32)  # attention weights over the slots, a column per head
         self.m = np.empty((nh, 1), f32)  # a max or a sum per head
-        self.y = np.empty(C, f32)  # attention's output, the heads side by side
+        self.y = np.empty(A, f32)  # attention's output, the heads side by side
         self.att_rows, self.y_rows = self.att.transpose(0, 2, 1), self.y.reshape(nh, 1, hs)  # views for att @ values
         self.h = np.empty(model.blocks[0].mlp.fc.weight.shape[0], f32)  # the MLP's hidden layer
         self.scale = 1.0 / math.sqrt(hs)

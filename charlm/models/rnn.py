@@ -41,17 +41,17 @@ class RNN(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.rnn = layer(
             cfg.d_model,
-            cfg.d_model,
+            cfg.hidden_size,
             num_layers=cfg.n_layers,
             batch_first=True,
             dropout=cfg.dropout if cfg.n_layers > 1 else 0.0,
         )
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.kind == "lstm":  # forget-gate bias 1: remember by default at the start of training
             for name, p in self.rnn.named_parameters():
                 if name.startswith("bias_ih"):
                     with torch.no_grad():
-                        p[cfg.d_model : 2 * cfg.d_model].fill_(1.0)
+                        p[cfg.hidden_size : 2 * cfg.hidden_size].fill_(1.0)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         return [p for p in self.rnn.parameters() if p.dim() == 2]

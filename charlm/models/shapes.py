@@ -13,15 +13,15 @@ Shapes = dict[str, tuple[int, ...]]
 
 
 def transformer(cfg: ModelConfig) -> Shapes:
-    C, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    C, A, hidden = cfg.d_model, cfg.attn_width, cfg.mlp_ratio * cfg.d_model
     shapes = {"tok_emb.weight": (cfg.vocab_size, C)}
     if cfg.positions == "learned":
         shapes["pos_emb.weight"] = (cfg.context, C)
     for i in range(cfg.n_layers):
         shapes |= {
             f"blocks.{i}.norm1.weight": (C,),
-            f"blocks.{i}.attn.qkv.weight": (3 * C, C),
-            f"blocks.{i}.attn.proj.weight": (C, C),
+            f"blocks.{i}.attn.qkv.weight": (3 * A, C),
+            f"blocks.{i}.attn.proj.weight": (C, A),
             f"blocks.{i}.norm2.weight": (C,),
             f"blocks.{i}.mlp.fc.weight": (hidden, C),
             f"blocks.{i}.mlp.proj.weight": (C, hidden),
@@ -31,12 +31,13 @@ def transformer(cfg: ModelConfig) -> Shapes:
 
 def rnn(cfg: ModelConfig) -> Shapes:
     gates = {"lstm": 4, "gru": 3}[cfg.kind]  # weight blocks stacked in each matrix: i, f, g, o; r, z, n
-    C, G = cfg.d_model, gates * cfg.d_model
+    C, H = cfg.d_model, cfg.hidden_size
+    G = gates * H
     shapes = {"tok_emb.weight": (cfg.vocab_size, C)}
     for i in range(cfg.n_layers):
-        shapes |= {f"rnn.weight_ih_l{i}": (G, C), f"rnn.weight_hh_l{i}": (G, C)}
+        shapes |= {f"rnn.weight_ih_l{i}": (G, C if i == 0 else H), f"rnn.weight_hh_l{i}": (G, H)}
         shapes |= {f"rnn.bias_ih_l{i}": (G,), f"rnn.bias_hh_l{i}": (G,)}
-    return shapes | {"head.weight": (cfg.vocab_size, C), "head.bias": (cfg.vocab_size,)}
+    return shapes | {"head.weight": (cfg.vocab_size, H), "head.bias": (cfg.vocab_size,)}
 
 
 def transformer_tied(cfg: ModelConfig) -> tuple[str, ...]:

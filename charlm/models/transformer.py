@@ -101,18 +101,19 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.n_heads, self.head_size = cfg.n_heads, cfg.head_size
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.attn_width, bias=False)
+        self.proj = nn.Linear(cfg.attn_width, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope, cache: KVCache | None, attn: list | None):
-        B, T, C = x.size()
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        B, T, _ = x.size()
+        A = self.n_heads * self.head_size  # d_model, unless heads were dropped (charlm compress)
+        q, k, v = self.qkv(x).split(A, dim=2)
+        q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
@@ -123,7 +124,7 @@ class CausalSelfAttention(nn.Module):
         else:
             y, weights = self._explicit(q, k, v, past)
             attn.append(weights)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, A)
         return self.resid_drop(self.proj(y))
 
     def _sdpa(self, q, k, v, past):
@@ -186,7 +187,7 @@ class Transformer(nn.Module):
         elif cfg.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(cfg.d_model, cfg.context), persistent=False)
         else:
-            cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.context)
+            cos, sin = rope_tables(cfg.head_size, cfg.context)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -231,7 +232,7 @@ class Transformer(nn.Module):
             c.n_layers,
             batch_size,
             c.n_heads,
-            c.d_model // c.n_heads,
+            c.head_size,
             c.context,
             device or p.device,
             dtype or p.dtype,
@@ -252,7 +253,7 @@ class Transformer(nn.Module):
         elif start + T <= self.cfg.context:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
         else:  # a rolling cache, past the table
-            rope = tuple(t.to(self.rope_cos) for t in rope_at(self.cfg.d_model // self.cfg.n_heads, start, T))
+            rope = tuple(t.to(self.rope_cos) for t in rope_at(self.cfg.head_size, start, T))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, attn)

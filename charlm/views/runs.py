@@ -126,6 +126,10 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
         size += f", {info['heads']} heads, {info['positions']} positions"
     table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
+    if info.get("compressed"):  # charlm compress
+        table.add_row("compressed", Text(safe_text(info["compressed"])))
+    if info.get("teacher"):  # train --teacher
+        table.add_row("distilled from", Text(safe_text(info["teacher"])))
     table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
     table.add_row(
         "trained", Text(safe_text(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))

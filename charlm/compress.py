@@ -1,0 +1,286 @@
+"""Smaller models that keep their bits per character: quantization, structured pruning, and the measurements
+that say what each costs.
+
+  quantize      every matrix as int8 (a scale per output channel) or int4 (a scale per group of 32, two codes
+                a byte); norms and biases stay float32. The format, and reading it back through the same
+                safe loader, is checkpoint.py's ("Quantized weights"); after loading, commands compute in float.
+  drop heads    a Transformer's K least important heads of every layer, sliced out of qkv and proj: a smaller
+                model whose config says so (n_heads, head_dim), not a mask. Importance: the loss when the head
+                alone is knocked out (lab ablate's head_knockouts), on the first part of the scored text.
+  drop units    an LSTM/GRU's K least important hidden units of every layer, sliced out of its matrices (the
+                config's hidden size): slicing a unit out is zeroing its gate rows (its gates then sit at 0.5
+                and its candidate at 0, so its cell and output stay 0). Importance: the RMS of the unit's
+                output on the text times the norm of its outgoing weights (unit_importance says why not the
+                loss change or its gradient estimate).
+  measure       on the run's validation text (or --text): bits/char, and against the original model the
+                top-1 agreement and KL divergence KL(original || compressed) per token; parameters, bits per
+                stored weight, file bytes; tokens/s generating at one thread.
+
+Unstructured (magnitude) pruning is not offered: its zeros cost as many bytes as the weights they replace in a
+dense file, and a sparse one (a 16-bit index beside each kept value) is smaller than int8's only past 2/3 zeros
+(docs/compress.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from charlm import checkpoint
+from charlm.checkpoint import Saved
+from charlm.config import ConfigError, ModelConfig, SampleConfig
+from charlm.data import Batches, corpus_sha256, encode_corpus, load_tokens
+from charlm.models import param_count
+
+BATCH_ROWS = 16  # windows scored at once
+
+
+@dataclass
+class Measured:
+    """One compressed model against the original, on the same text."""
+
+    name: str
+    params: int
+    bits_per_weight: float
+    file_bytes: int
+    bpc: float
+    top1: float  # share of positions where both models' most likely next token is the same
+    kl: float  # KL(original || this), nats per token
+    tokens_per_s: float
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class Scored:
+    """The text compressed models are scored on: windows of the model's context, each target scored once."""
+
+    rows: torch.Tensor  # (N, T + 1) token ids
+    source: str
+    chars_per_token: float
+
+
+# ---- the text --------------------------------------------------------------------------------------------
+
+
+def scored_text(ck, text: str | None, tokens: int) -> Scored:
+    """--text FILE, else the validation part of the corpus the run names (the trainer's own split), while that
+    file is still there and unchanged; cut into windows of the context (+1 for the last target)."""
+    tok, corpus = ck.tokenizer, ck.saved.corpus
+    if text is not None:
+        p = Path(text)
+        if not p.is_file():
+            raise ConfigError(f"--text: no such file {p}")
+        try:
+            body = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"--text: {p} is not UTF-8 text") from None
+        ids = tok.encode(body, unknown="drop")[:tokens]
+        cpt = len(tok.decode(ids)) / max(len(ids), 1)
+        source = str(p)
+    else:
+        if corpus is None or not corpus.path:
+            why = "its checkpoint does not record where its corpus was"
+        elif not Path(corpus.path).is_file():
+            why = f"it was trained on {corpus.path}, which is no longer there"
+        elif corpus_sha256(corpus.path) != corpus.sha256:
+            why = f"it was trained on {corpus.path}, which has changed since (another sha256)"
+        else:
+            why = None
+        if why:
+            raise ConfigError(f"no text to score {ck.path}: {why}; give one with --text FILE")
+        all_ids = load_tokens(encode_corpus(corpus.path, tok, sha256=corpus.sha256))
+        val = Batches(all_ids, ck.model_config.context, ck.train_config.val_fraction).val
+        ids, cpt, source = [int(i) for i in val[:tokens]], corpus.chars_per_token, f"{corpus.path} (validation part)"
+    T = min(ck.model_config.context, len(ids) - 1)
+    n = (len(ids) - 1) // T if T >= 1 else 0
+    if n < 1:
+        raise ConfigError(f"the text to score ({source}) is too short: give a longer one with --text FILE")
+    rows = torch.tensor([ids[i * T : i * T + T + 1] for i in range(n)], dtype=torch.long)
+    return Scored(rows, source, cpt)
+
+
+@torch.no_grad()
+def log_probs(model, rows: torch.Tensor) -> torch.Tensor:
+    """(N, T, vocab) log-probabilities of each next token, in float32."""
+    out = [
+        F.log_softmax(model(rows[i : i + BATCH_ROWS, :-1])[0].float(), dim=-1) for i in range(0, len(rows), BATCH_ROWS)
+    ]
+    return torch.cat(out)
+
+
+def compare_to(reference: torch.Tensor, logp: torch.Tensor, rows: torch.Tensor) -> tuple[float, float, float]:
+    """(nats per token, top-1 agreement, KL(reference || logp) per token) of logp against the targets in rows."""
+    nats = -logp.gather(-1, rows[:, 1:, None]).mean()
+    top1 = (reference.argmax(-1) == logp.argmax(-1)).float().mean()
+    kl = (reference.exp() * (reference - logp)).sum(-1).mean()
+    return float(nats), float(top1), float(kl)
+
+
+def tokens_per_s(ck, n: int = 200, repeats: int = 3) -> float:
+    """Generation speed at one thread (the Streamer runs at one): the best of a few runs of n tokens sampled
+    after a newline (on a shared CPU the best is the steadiest figure)."""
+    from charlm.generate import Streamer
+
+    best = 0.0
+    for _ in range(repeats):
+        streamer = Streamer(ck.model, ck.tokenizer)
+        streamer.complete([], SampleConfig(max_tokens=n, seed=0))
+        best = max(best, streamer.stats.tokens_per_s)
+    return best
+
+
+# ---- structured pruning ----------------------------------------------------------------------------------
+
+
+def head_importance(model, rows: torch.Tensor) -> np.ndarray:
+    """(layers, heads): nats per token lost when each head alone is knocked out (lab ablate's measure)."""
+    from charlm.lab.ablate import _nats, head_knockouts
+
+    with torch.no_grad():
+        base = _nats(model(rows[:, :-1])[0], rows)
+    cfg = model.cfg
+    loss = np.zeros((cfg.n_layers, cfg.n_heads))
+    for layer, head, nats in head_knockouts(model, rows):
+        loss[layer, head] = nats - base
+    return loss
+
+
+def drop_heads(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+    """The model without the k least important heads of each layer: (config, state dict, [(layer, head), ...])."""
+    H, hs = cfg.n_heads, cfg.head_size
+    A = H * hs
+    if not 0 <= k < H:
+        raise ConfigError(f"--drop-heads must be below the {H} heads of each layer, got {k}")
+    state, dropped = dict(state), []
+    for layer in range(cfg.n_layers):
+        gone = sorted(int(h) for h in np.argsort(importance[layer], kind="stable")[:k])
+        kept = [h for h in range(H) if h not in gone]
+        dropped += [(layer, h) for h in gone]
+        cols = torch.tensor([h * hs + i for h in kept for i in range(hs)])
+        qkv, proj = f"blocks.{layer}.attn.qkv.weight", f"blocks.{layer}.attn.proj.weight"
+        state[qkv] = torch.cat([state[qkv][part * A + cols] for part in range(3)])  # q, k, v rows of kept heads
+        state[proj] = state[proj][:, cols].contiguous()
+    return replace(cfg, n_heads=H - k, head_dim=hs), state, dropped
+
+
+def _gate_rows(cfg: ModelConfig, units) -> torch.Tensor:
+    """The rows of a layer's stacked gate matrices (i, f, g, o or r, z, n) that belong to `units`."""
+    gates, H = {"lstm": 4, "gru": 3}[cfg.kind], cfg.hidden_size
+    return torch.tensor([g * H + u for g in range(gates) for u in units], dtype=torch.long)
+
+
+def unit_importance(model, rows: torch.Tensor) -> np.ndarray:
+    """(layers, hidden): what each unit sends on, measured on rows: the RMS of its output h over the text times
+    the norm of its outgoing weights (its column of the layer's own recurrence, and of the next layer's input
+    or the head). On the tiny LSTM this ranking drops units at half the cost of a random choice, where the
+    gradient estimate (|dL/dm| for a factor m on the unit's gate rows) and single-unit knockouts did no better
+    than random (docs/compress.md)."""
+    from charlm.models.probes import trace_model
+
+    cfg, rnn = model.cfg, model.rnn
+    with torch.no_grad():
+        traces = trace_model(model, rows[:, :-1])
+    out = np.zeros((cfg.n_layers, cfg.hidden_size))
+    for layer, trace in enumerate(traces):
+        rms = trace.h.reshape(-1, cfg.hidden_size).pow(2).mean(0).sqrt()
+        onward = rnn.get_parameter(f"weight_ih_l{layer + 1}") if layer + 1 < cfg.n_layers else model.head.weight
+        norm = (rnn.get_parameter(f"weight_hh_l{layer}").detach().pow(2).sum(0) + onward.detach().pow(2).sum(0)).sqrt()
+        out[layer] = (rms * norm).numpy()
+    return out
+
+
+def drop_units(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+    """The LSTM/GRU without the k least important hidden units of each layer (nn.LSTM has one hidden size)."""
+    H = cfg.hidden_size
+    if not 0 <= k < H:
+        raise ConfigError(f"--drop-units must be below the {H} units of each layer, got {k}")
+    state, dropped, before = dict(state), [], None
+    for layer in range(cfg.n_layers):
+        gone = set(int(u) for u in np.argsort(importance[layer], kind="stable")[:k])
+        kept = torch.tensor([u for u in range(H) if u not in gone], dtype=torch.long)
+        dropped += [(layer, u) for u in sorted(gone)]
+        rows = _gate_rows(cfg, kept.tolist())
+        ih, hh = state[f"rnn.weight_ih_l{layer}"][rows], state[f"rnn.weight_hh_l{layer}"][rows][:, kept]
+        state[f"rnn.weight_ih_l{layer}"] = (ih if before is None else ih[:, before]).contiguous()
+        state[f"rnn.weight_hh_l{layer}"] = hh.contiguous()
+        for kind in ("bias_ih", "bias_hh"):
+            state[f"rnn.{kind}_l{layer}"] = state[f"rnn.{kind}_l{layer}"][rows].contiguous()
+        before = kept
+    state["head.weight"] = state["head.weight"][:, before].contiguous()
+    return replace(cfg, hidden=H - k), state, dropped
+
+
+# ---- writing ---------------------------------------------------------------------------------------------
+
+
+def stored(state: dict, bits: int) -> tuple[dict, dict | None]:
+    """(float tensors, quantized matrices) as a checkpoint stores `state` at `bits`. A tensor stored under two
+    names (a tied head) stays one tensor, so the file holds it once."""
+    model, quantized, done = {}, {}, {}
+    for name, t in state.items():
+        key = (t.data_ptr(), t.shape)
+        if bits in (8, 4) and t.dim() == 2:
+            if key not in done:
+                q = checkpoint.quantize(t.detach().float().numpy(), bits)
+                done[key] = {
+                    "bits": bits,
+                    "values": torch.from_numpy(q["values"]),
+                    "scales": torch.from_numpy(q["scales"]),
+                }
+            quantized[name] = done[key]
+        else:
+            if key not in done:
+                done[key] = t.detach().to(torch.bfloat16 if bits == 16 else torch.float32).clone()
+            model[name] = done[key]
+    return model, quantized or None
+
+
+def bits_per_weight(model: dict, quantized: dict | None, params: int) -> float:
+    tensors = {id(t): t for t in model.values()}
+    for e in (quantized or {}).values():
+        tensors |= {id(e["values"]): e["values"], id(e["scales"]): e["scales"]}
+    return 8 * sum(t.numel() * t.element_size() for t in tensors.values()) / params
+
+
+def build(
+    ck, name: str, bits: int, cfg: ModelConfig, weights: tuple, what: dict, scores: tuple[float, float] | None
+) -> Saved:
+    """The compressed run's checkpoint: the original's record, with the new model (weights: stored()'s), its own
+    score and what was done. No optimizer or rng: a compressed run is for using, not for training on."""
+    model, quantized = weights
+    loss, bpc = scores if scores else (None, None)
+    return replace(
+        ck.saved,
+        run_name=name,
+        model_config=cfg,
+        model=model,
+        quantized=quantized,
+        compressed={"from": str(ck.path), "bits": bits, **what},
+        params=param_count(cfg),
+        best_val_loss=loss,
+        best_val_bpc=bpc,
+        metrics=None,
+        optimizer=None,
+        rng=None,
+        scaler=None,
+        world_size=1,
+        weights_sha256=None,
+    )
+
+
+def load_seconds(path: Path, repeats: int = 3) -> float:
+    """The best of a few loads through checkpoint.load (what every command does first)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        checkpoint.load(path)
+        best = min(best, time.perf_counter() - start)
+    return best

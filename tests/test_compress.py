@@ -1,0 +1,280 @@
+"""charlm compress: int8/int4 weights within half a step of the originals (checked in numpy, apart from the
+code), read back by the same safe loader; a compressed run opens in every command; dropped heads cost what lab
+ablate says; dropped units are exactly units held at zero; crafted compressed files refused with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from charlm import checkpoint
+from charlm.commands.compress import compress
+from charlm.compress import _gate_rows, drop_units, log_probs, scored_text, unit_importance
+from charlm.config import CompressOptions
+from charlm.data import bits_per_char
+from charlm.lab.ablate import _nats, head_knockouts
+from charlm.models import build_model
+from tests.conftest import cli, one_line_error
+
+
+def numpy_dequantize(e: dict, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weights, the step of each weight) from the format as checkpoint.py's comment describes it."""
+    values, scales = np.asarray(e["values"]), np.asarray(e["scales"], dtype=np.float64)
+    if e["bits"] == 8:
+        step = np.repeat(scales[:, None], cols, axis=1)
+        return values.astype(np.float64) * step, step
+    codes = np.empty((values.shape[0], values.shape[1] * 2), dtype=np.int64)
+    codes[:, 0::2], codes[:, 1::2] = values & 0x0F, values >> 4
+    assert (codes[:, cols:] == 8).all()  # the last group's padding holds zeros
+    step = np.repeat(scales, 32, axis=1)[:, :cols]
+    return (codes[:, :cols] - 8) * step, step
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("shape", [(5, 37), (3, 64), (1, 1), (4, 100)])
+def test_quantize_dequantize_error_is_at_most_half_a_step(bits, shape):
+    gen = np.random.default_rng(sum(shape) + bits)
+    w = gen.normal(0, 0.05, shape).astype(np.float32)
+    w[0, 0] = 3.0  # an outlier: its row (int8) or group (int4) gets a coarse step, the others keep theirs
+    if shape[0] > 2:
+        w[2] = 0.0  # a row of zeros: scale 0, no division by it
+    e = checkpoint.quantize(w, bits)
+    got, step = numpy_dequantize(e, shape[1])
+    assert (np.abs(w - got) <= step / 2 * (1 + 1e-6) + 1e-12).all()
+    if bits == 4:  # a group away from the outlier keeps a fine step: per group, not per row
+        assert shape[1] <= 32 or step[0, -1] < step[0, 0]
+
+
+def test_the_loader_dequantizes_what_numpy_does(view_runs, tmp_path):
+    for bits in (8, 4):
+        compress(str(view_runs["tf"]), CompressOptions(to=str(tmp_path / f"q{bits}"), bits=bits, tokens=256))
+        raw = torch.load(tmp_path / f"q{bits}" / "best.pt", weights_only=True)
+        loaded = checkpoint.read(tmp_path / f"q{bits}")
+        assert raw["quantized"] and set(raw["quantized"]) | set(raw["model"]) == set(loaded.model)
+        for name, e in raw["quantized"].items():
+            want, _ = numpy_dequantize(
+                {k: v.numpy() if hasattr(v, "numpy") else v for k, v in e.items()}, loaded.model[name].shape[1]
+            )
+            np.testing.assert_allclose(loaded.model[name].numpy(), want, rtol=1e-6, atol=1e-7)
+        assert all(t.dtype == torch.float32 for t in raw["model"].values())  # norms stay float32
+
+
+@pytest.fixture(scope="module")
+def compressed(view_runs, tmp_path_factory):
+    """A 2-layer transformer at int4 with one head of each layer dropped; an LSTM at int8 with 8 units dropped."""
+    root = tmp_path_factory.mktemp("compressed")
+    r = cli(
+        "compress",
+        view_runs["tf"],
+        "--to",
+        root / "tf",
+        "--bits",
+        "4",
+        "--drop-heads",
+        "1",
+        "--tokens",
+        "512",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    r2 = cli(
+        "compress", view_runs["lstm"], "--to", root / "lstm", "--bits", "8", "--drop-units", "8", "--tokens", "512"
+    )
+    assert r2.exit_code == 0, r2.output
+    return {"tf": root / "tf", "lstm": root / "lstm", "tf_json": json.loads(r.stdout)}
+
+
+def test_compress_prints_before_and_after_and_the_config_records_the_smaller_sizes(compressed, view_runs):
+    done = compressed["tf_json"]
+    assert done["original"]["name"] == "original" and done["compressed"]["name"] == "int4 -1 head/layer"
+    assert done["compressed"]["params"] < done["original"]["params"]
+    assert 4 < done["compressed"]["bits_per_weight"] < 8
+    assert done["compressed"]["file_bytes"] < done["original"]["file_bytes"]
+    assert 0 <= done["compressed"]["top1"] <= 1 and done["compressed"]["kl"] >= 0
+    tf = checkpoint.read_header(compressed["tf"])
+    assert (tf.model_config.n_heads, tf.model_config.head_dim, tf.model_config.d_model) == (1, 16, 32)
+    assert tf.compressed["bits"] == 4 and tf.optimizer is None
+    lstm = checkpoint.read_header(compressed["lstm"])
+    assert lstm.model_config.hidden == 24 and lstm.params < checkpoint.read_header(view_runs["lstm"]).params
+
+
+def test_a_compressed_run_opens_in_every_command(compressed, view_runs, tmp_path):
+    tf, lstm = compressed["tf"], compressed["lstm"]
+    r = cli("sample", tf, "-p", "ROMEO:", "-n", "40", "--seed", "1")
+    assert r.exit_code == 0 and r.stdout.strip(), r.output
+    assert cli("sample", lstm, "-p", "ROMEO:", "-n", "40", "--seed", "1").exit_code == 0
+    r = cli("eval", tf, view_runs["tf"].parent / "corpus.txt", "--json")
+    assert r.exit_code == 0 and 0 < json.loads(r.stdout)["bits_per_char"] < 10, r.output
+    r = cli("compare", tf, view_runs["tf"], "-p", "ROMEO:", "-n", "20", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    r = cli("attn", tf, "-p", "ROMEO:\nBut soft", "--stats")
+    assert r.exit_code == 0 and "head" in r.stdout, r.output
+    r = cli("attn", tf, "--layer", "1", "--head", "0", "-p", "ROMEO:\nBut soft")
+    assert r.exit_code == 0, r.output
+    r = cli("attn", tf, "-p", "ROMEO:\nBut soft", "--overview")
+    assert r.exit_code == 0, r.output
+    r = cli("gates", lstm, "-p", "ROMEO:\nBut soft", "--units", "3", "--width", "70")
+    assert r.exit_code == 0, r.output
+    r = cli("info", tf)
+    assert r.exit_code == 0 and "int4" in r.stdout and "1 head of each layer dropped" in r.stdout, r.output
+    info = json.loads(cli("info", lstm, "--json").stdout)
+    assert info["compressed"] == "int8 weights; 8 units of each layer dropped"
+    chat = subprocess.run(
+        [sys.executable, "-m", "charlm", "chat", str(tf), "--max-tokens", "10", "--seed", "1"],
+        input="ROMEO:\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+
+
+def test_sampling_from_a_compressed_run_is_sampling_from_its_dequantized_weights(compressed, tmp_path):
+    """The loader's float model (through `charlm sample`) against a plain float32 run written with the same
+    weights, dequantized in numpy."""
+    raw = torch.load(compressed["tf"] / "best.pt", weights_only=True)
+    saved = checkpoint.read_header(compressed["tf"])
+    model = dict(raw["model"])
+    shapes = {name: t.shape for name, t in build_model(saved.model_config).state_dict().items()}
+    for name, e in raw["quantized"].items():
+        w, _ = numpy_dequantize({k: v.numpy() if hasattr(v, "numpy") else v for k, v in e.items()}, shapes[name][1])
+        model[name] = torch.from_numpy(w.astype(np.float32))
+    plain = replace(checkpoint.read(compressed["tf"]), model=model, quantized=None)
+    checkpoint.save(plain, tmp_path / "plain" / "best.pt")
+    a = cli("sample", compressed["tf"], "-p", "ROMEO:", "-n", "60", "-t", "0")
+    b = cli("sample", tmp_path / "plain", "-p", "ROMEO:", "-n", "60", "-t", "0")
+    assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout and len(a.stdout) > 20
+
+
+def test_dropping_the_head_ablate_calls_least_useful_costs_what_ablate_said(cmp_runs, tmp_path):
+    """A 1-layer model: removing a head by slicing is knocking it out, so bits/char change by what lab ablate's
+    head_knockouts measured on the same text (the compressed run is read back through the loader)."""
+    ck = checkpoint.load(cmp_runs["tf"])
+    text = scored_text(ck, None, 2048)
+    with torch.no_grad():
+        base = _nats(ck.model(text.rows[:, :-1])[0], text.rows)
+    knocked = {
+        (layer, head): nats for layer, head, nats in head_knockouts(ck.model, text.rows[: max(1, len(text.rows) // 8)])
+    }
+    useless = min(knocked, key=knocked.get)
+    done = compress(str(cmp_runs["tf"]), CompressOptions(to=str(tmp_path / "pruned"), drop_heads=1, tokens=2048))
+    assert done.dropped == [useless]
+    ((_, _, said),) = [k for k in head_knockouts(ck.model, text.rows) if k[:2] == useless]
+    want = bits_per_char(said, text.chars_per_token) - bits_per_char(base, text.chars_per_token)
+    got = done.result.bpc - done.original.bpc
+    assert abs(got - want) < 1e-4, (got, want)
+
+
+def test_dropped_units_are_units_whose_gates_are_zeroed(view_runs):
+    """Slicing units out of an LSTM/GRU gives the logits of the full model with those units' gate rows zeroed
+    (which holds them at 0), for both families and a unit of each layer."""
+    for kind in ("lstm", "gru"):
+        ck = checkpoint.load(view_runs[kind])
+        text = scored_text(ck, None, 512)
+        importance = unit_importance(ck.model, text.rows)
+        assert importance.shape == (2, 32) and np.isfinite(importance).all() and importance.max() > 0
+        cfg, state, dropped = drop_units(ck.model_config, ck.model.state_dict(), importance, 3)
+        small = build_model(cfg)
+        small.load_state_dict(state)
+        full = build_model(ck.model_config)
+        zeroed = ck.model.state_dict()
+        for layer in range(cfg.n_layers):
+            rows = _gate_rows(ck.model_config, [u for l, u in dropped if l == layer])
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                zeroed[f"rnn.{name}_l{layer}"] = zeroed[f"rnn.{name}_l{layer}"].clone().index_fill_(0, rows, 0.0)
+        full.load_state_dict(zeroed)
+        torch.testing.assert_close(
+            log_probs(small.eval(), text.rows), log_probs(full.eval(), text.rows), atol=1e-5, rtol=1e-5
+        )
+        assert cfg.hidden == 29 and len(dropped) == 6
+
+
+def test_report_measures_every_method_and_names_the_best_trade(view_runs):
+    r = cli("compress", view_runs["tf"], "--report", "--tokens", "256", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    names = [row["name"] for row in rep["rows"]]
+    assert names[:4] == ["float32", "bf16", "int8", "int4"] and "float32 -1 head/layer" in names
+    by = {row["name"]: row for row in rep["rows"]}
+    assert by["float32"]["kl"] == 0 and by["float32"]["top1"] == 1
+    assert by["int4"]["file_bytes"] < by["int8"]["file_bytes"] < by["bf16"]["file_bytes"] < by["float32"]["file_bytes"]
+    assert by["bf16"]["bits_per_weight"] == 16 and by["float32 -1 head/layer"]["params"] < by["float32"]["params"]
+    assert rep["reading"][0].startswith("smallest within +0.01 bits/char: ")
+    assert "float32 -1 head/layer (random)" in names  # the baseline measured importance must beat
+    assert any(line.startswith("float32 -1 head/layer: ") and "at random" in line for line in rep["reading"])
+    r = cli("compress", view_runs["lstm"], "--report", "--tokens", "256")
+    assert r.exit_code == 0 and "-4 units/layer" in r.stdout and "smallest within" in r.stdout, r.output
+
+
+# ---- what is refused -------------------------------------------------------------------------------------
+
+
+def test_bad_compress_flags_are_one_line_errors(view_runs, compressed, tmp_path):
+    one_line_error(cli("compress", view_runs["tf"], "--to", tmp_path / "x", "--bits", "5"), "--bits must be one of")
+    one_line_error(cli("compress", view_runs["tf"]), "give --to DIR")
+    one_line_error(cli("compress", view_runs["tf"], "--report", "--to", tmp_path / "y"), "--report measures")
+    one_line_error(cli("compress", view_runs["tf"], "--to", tmp_path / "z", "--drop-heads", "2"), "below the 2 heads")
+    one_line_error(cli("compress", view_runs["lstm"], "--to", tmp_path / "w", "--drop-heads", "1"), "no heads")
+    one_line_error(cli("compress", view_runs["tf"], "--to", tmp_path / "v", "--drop-units", "1"), "no units")
+    one_line_error(cli("compress", view_runs["tf"], "--to", compressed["tf"]), "already holds a run")
+    one_line_error(
+        cli("compress", view_runs["tf"], "--to", tmp_path / "u", "--text", tmp_path / "none.txt"), "no such file"
+    )
+
+
+def crafted(source, tmp_path, name: str, change) -> str:
+    raw = torch.load(source / "best.pt", weights_only=True)
+    change(raw)
+    path = tmp_path / name / "best.pt"
+    path.parent.mkdir()
+    torch.save(raw, path)
+    return str(path)
+
+
+def _first(raw, bits=None) -> dict:
+    return next(e for e in raw["quantized"].values() if bits is None or e["bits"] == bits)
+
+
+CRAFTED = {
+    "wrong scale shape": (
+        lambda raw: _first(raw).update(scales=torch.ones(3, 2, dtype=torch.float16)),
+        "scales are (3, 2)",
+    ),
+    "nibbles past the tensor": (
+        lambda raw: _first(raw).update(values=torch.cat([_first(raw)["values"], _first(raw)["values"][:, :1]], 1)),
+        "int4 values are",
+    ),
+    "NaN scale": (lambda raw: _first(raw)["scales"].__setitem__(0, float("nan")), "scales should be finite numbers"),
+    "negative scale": (lambda raw: _first(raw)["scales"].__setitem__(0, -1.0), "scales should be finite numbers"),
+    "huge scale": (lambda raw: _first(raw)["scales"].__setitem__(0, 60000.0), "between 0 and"),
+    "bits 5": (lambda raw: _first(raw).update(bits=5), "is not a quantized matrix"),
+    "float values": (
+        lambda raw: _first(raw).update(values=_first(raw)["values"].float()),
+        "should be a tensor of byte",
+    ),
+    "stored twice": (
+        lambda raw: raw["model"].update({k: torch.zeros(1) for k in list(raw["quantized"])[:1]}),
+        "unexpected",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_crafted_compressed_checkpoints_are_refused_with_one_line(compressed, tmp_path, case):
+    change, words = CRAFTED[case]
+    path = crafted(compressed["tf"], tmp_path, "bad", change)
+    for command in (["info", path], ["sample", path, "-n", "5"]):
+        one_line_error(cli(*command), words)
+
+
+def test_info_and_runs_read_a_compressed_run_without_torch(compressed):
+    from tests.test_startup import imported
+
+    assert imported("info", compressed["tf"]) == []
+    assert imported("runs", compressed["tf"].parent, "--json") == []
