@@ -8,16 +8,19 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+from functools import cache
 
 import numpy as np
 from rich.cells import cell_len
 from rich.color import Color
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import ModalScreen
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Input, Static
 
@@ -28,7 +31,12 @@ from charlm.views.text import safe_text
 
 SHORT_ROLE = {"previous-token": "prev", "induction": "induct", "local": "local", "global": "global", "distant": "far"}
 RISE_STOPS = [(70, 20, 20), (250, 60, 60)]  # where the loss rose after a knock-out: dark to bright red
-UNSEEN = Style(color="grey42")  # tokens the cursor token does not see (outside its window)
+UNSEEN = Style(color="grey42")
+CURSOR_COLUMN = Style(bgcolor="grey30")
+CURSOR = Style(reverse=True, bold=True, underline=True)  # tokens the cursor token does not see (outside its window)
+
+
+LEVELS = 32  # shades of a scale: a key press looks its styles up instead of building thousands
 
 
 def blend(stops, t: float) -> Color:
@@ -38,11 +46,20 @@ def blend(stops, t: float) -> Color:
     return Color.from_rgb(*(round(a + (b - a) * f) for a, b in zip(stops[i], stops[i + 1])))
 
 
-def shade(value: float, stops=HEAT_STOPS) -> Style:
-    """A background for a value in 0..1 (nothing below 0.02), with a readable foreground."""
+@cache
+def _shade(level: int, stops: tuple, background: bool) -> Style:
+    t = level / (LEVELS - 1)
+    if background:
+        return Style(bgcolor=blend(stops, t), color="black" if t > 0.55 else "white")
+    return Style(color=blend(stops, t))
+
+
+def shade(value: float, stops=HEAT_STOPS, background: bool = True) -> Style:
+    """A background for a value in 0..1 (nothing below 0.02), with a readable foreground; or, not
+    background, the value's colour for a glyph."""
     if not value > 0.02:
         return Style()
-    return Style(bgcolor=blend(stops, value), color="black" if value > 0.55 else "white")
+    return _shade(round(min(value, 1.0) * (LEVELS - 1)), tuple(stops), background)
 
 
 def token_text(text: str) -> str:
@@ -67,10 +84,12 @@ class TextPane(Widget):
         self.cursor = 0
         self.top = 0
         self._layout: tuple[int, list] | None = None  # (width, lines of (token, piece))
+        self._frame: tuple | None = None  # ((width, height), the visible lines as strips)
 
     def set_text(self, texts: list[str]) -> None:
         self.texts = [token_text(t) for t in texts]
         self._layout = None
+        self._frame = None
         self.top = 0
 
     def lines(self, width: int) -> list[list[tuple[int, str]]]:
@@ -115,8 +134,16 @@ class TextPane(Widget):
                 return y
         return 0
 
-    def render(self) -> Text:
+    def redraw(self) -> None:
+        """The cursor or the shading changed: lay out the visible lines again on the next paint."""
+        self._frame = None
+        self.refresh()
+
+    def frame(self) -> list[Strip]:
+        """The visible lines as strips (Textual's line API: no markup or wrapping pass on a key press)."""
         width, height = max(1, self.content_size.width), max(1, self.content_size.height)
+        if self._frame is not None and self._frame[0] == (width, height):
+            return self._frame[1]
         lines = self.lines(width)
         y = self.line_of(lines, self.cursor)
         if y < self.top:
@@ -125,16 +152,20 @@ class TextPane(Widget):
             self.top = y - height + 1
         self.top = max(0, min(self.top, max(0, len(lines) - height)))
         styles = self.styles_of()
-        out = Text(no_wrap=True, overflow="crop")
-        for k, line in enumerate(lines[self.top : self.top + height]):
-            if k:
-                out.append("\n")
-            for t, piece in line:
-                style = styles[t]
-                if t == self.cursor:
-                    style = style + Style(reverse=True, bold=True, underline=True)
-                out.append(piece, style)
-        return out
+        strips = []
+        for line in lines[self.top : self.top + height]:
+            segments = [Segment(piece, styles[t] + CURSOR if t == self.cursor else styles[t]) for t, piece in line]
+            strips.append(Strip(segments).extend_cell_length(width).crop(0, width))
+        self._frame = ((width, height), strips)
+        return strips
+
+    def render_line(self, y: int) -> Strip:
+        strips = self.frame()
+        return strips[y] if y < len(strips) else Strip.blank(max(1, self.content_size.width))
+
+    def text(self) -> str:
+        """What the pane shows, as plain text (for tests)."""
+        return "\n".join(strip.text for strip in self.frame())
 
     def token_at(self, x: int, y: int) -> int | None:
         lines = self.lines(max(1, self.content_size.width))
@@ -212,8 +243,8 @@ class ExploreApp(App):
     CSS = """
     Screen { layout: vertical; }
     #title { height: 1; background: $boost; }
-    #bottom { height: auto; max-height: 50%; }
-    #grid { width: auto; max-width: 60%; padding: 0 1; }
+    #bottom { height: 9; }
+    #grid { width: 60%; padding: 0 1; }
     #panel { width: 1fr; padding: 0 1; }
     #keys { height: 1; color: $text-muted; }
     #input { display: none; }
@@ -254,6 +285,7 @@ class ExploreApp(App):
         self.order: list[int] = []
         self.unit = 0
         self.prompting = ""  # "edit" or "search" while the input line is open
+        self._shown: dict[str, Text] = {}  # what each Static shows now (redrawn only when it changes)
         if self.rnn:
             self._rank()
 
@@ -272,10 +304,25 @@ class ExploreApp(App):
         pane = self.query_one(TextPane)
         pane.set_text(self._texts())
         pane.styles_of = self.text_styles
-        self.refresh_all()
+        self.on_resize()
 
-    def on_resize(self, event) -> None:
-        self.refresh_all()
+    def on_resize(self, event=None) -> None:
+        """Fixed sizes for the bottom row (a key press then repaints without a new layout)."""
+        width, height = self.size
+        lines = 9 if self.rnn else max(8, self.scene.layers + 3)
+        self.query_one("#bottom").styles.height = max(4, min(lines, height // 2))
+        self.query_one("#grid").styles.width = self.grid_width()
+        self.refresh_all(layout=True)
+
+    def grid_width(self) -> int:
+        """Columns of the head grid (its cells, and room for the selected head's line) or the heat map."""
+        most = max(20, self.size.width * 6 // 10)
+        if self.rnn:
+            return most
+        return min(most, max(4 + self.scene.heads * self.cell_width(), 44) + 2)
+
+    def cell_width(self) -> int:
+        return max(6, min(12, (max(20, self.size.width * 6 // 10 - 2) - 4) // self.scene.heads))
 
     def _texts(self) -> list[str]:
         return [self.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in self.scene.ids]
@@ -323,16 +370,23 @@ class ExploreApp(App):
 
     # -- drawing
 
-    def refresh_all(self) -> None:
+    def refresh_all(self, layout: bool = False) -> None:
+        """Redraw what changed; the sizes stay (a new layout only on a resize)."""
         if not self.is_mounted:
             return
-        self.query_one("#title", Static).update(self.title_text())
         pane = self.query_one(TextPane)
         pane.cursor = self.cursor
-        pane.refresh()
-        self.query_one("#grid", Static).update(self.heat_text() if self.rnn else self.grid_text())
-        self.query_one("#panel", Static).update(self.panel_text())
-        self.query_one("#keys", Static).update(self.keys_text())
+        pane.redraw()
+        parts = {
+            "title": self.title_text(),
+            "grid": self.heat_text() if self.rnn else self.grid_text(),
+            "panel": self.panel_text(),
+            "keys": self.keys_text(),
+        }
+        for name, text in parts.items():
+            if layout or self._shown.get(name) != text:
+                self.query_one(f"#{name}", Static).update(text, layout=layout)
+                self._shown[name] = text
 
     def title_text(self) -> Text:
         s = self.scene
@@ -352,8 +406,7 @@ class ExploreApp(App):
     def grid_text(self) -> Text:
         """Every layer × head: its role and how far back it looks (tokens); the selected one reversed."""
         s = self.scene
-        width = max(20, self.size.width * 6 // 10 - 2)
-        cell = max(6, min(12, (width - 4) // s.heads))
+        cell = self.cell_width()
         out = Text("heads: role · tokens back\n", style="bold")
         for layer in range(s.layers):
             out.append(f"L{layer:<2}", style="bold" if layer == self.layer else "dim")
@@ -377,8 +430,7 @@ class ExploreApp(App):
     def heat_text(self) -> Text:
         """Units × tokens around the cursor, in the order of the last search; the selected unit marked."""
         s = self.scene
-        width = max(20, self.size.width * 6 // 10 - 2)
-        cols = max(5, width - 7)
+        cols = max(5, self.grid_width() - 2 - 7)
         a = max(0, min(self.cursor - cols // 2, len(s.ids) - cols))
         b = min(len(s.ids), a + cols)
         values = s.values(self.layer, self.quantity)
@@ -399,9 +451,9 @@ class ExploreApp(App):
                     0 if not abs(x) > 0.02 else 1 + min(len(UNICODE_RAMP) - 2, int(abs(x) * (len(UNICODE_RAMP) - 1)))
                 )
                 stops = (POS_STOPS if x >= 0 else NEG_STOPS) if signed else HEAT_STOPS
-                style = Style(color=blend(stops, abs(x)))
+                style = shade(abs(x), stops, background=False)
                 if t == self.cursor:
-                    style += Style(bgcolor="grey30")
+                    style += CURSOR_COLUMN
                 out.append(UNICODE_RAMP[level] if x >= 0 or not signed else SIGNED_RAMPS[False][1][level], style)
             out.append("\n")
         return out
