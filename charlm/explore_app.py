@@ -62,6 +62,11 @@ def shade(value: float, stops=HEAT_STOPS, background: bool = True) -> Style:
     return _shade(round(min(value, 1.0) * (LEVELS - 1)), tuple(stops), background)
 
 
+def num(p: float) -> str:
+    """A weight or probability in 3 characters: .62, 1.0"""
+    return f"{p:.2f}"[1:] if p < 0.995 else "1.0"
+
+
 def token_text(text: str) -> str:
     """A token as the text pane writes it: control characters escaped, a newline shown as ⏎ (the pane then
     breaks the line), a tab as ⇥."""
@@ -309,7 +314,7 @@ class ExploreApp(App):
     def on_resize(self, event=None) -> None:
         """Fixed sizes for the bottom row (a key press then repaints without a new layout)."""
         width, height = self.size
-        lines = 9 if self.rnn else max(8, self.scene.layers + 3)
+        lines = 9 if self.rnn else max(10, self.scene.layers + 3)
         self.query_one("#bottom").styles.height = max(4, min(lines, height // 2))
         self.query_one("#grid").styles.width = self.grid_width()
         self.refresh_all(layout=True)
@@ -397,7 +402,7 @@ class ExploreApp(App):
         if s.start:
             text.append(f" · the text's last {n} tokens", style="yellow")
         if not self.rnn and n > s.context:
-            text.append(f" · read in windows of {s.context}", style="yellow")
+            text.append(f" · windows of {s.context}", style="yellow")
         return text
 
     def _label(self, token: int) -> str:
@@ -481,16 +486,16 @@ class ExploreApp(App):
                 head = "mean" if self.head is None else f"H{self.head}"
                 out.append(f"looked at (L{self.layer} {head}, sees {seen}..{i}): ", style="bold")
                 out.append(
-                    "  ".join(f"'{self._label(j)}'@{j} {w:.2f}" for j, w in s.top_keys(i, self.layer, self.head))
+                    "  ".join(f"'{self._label(j)}'@{j} {num(w)}" for j, w in s.top_keys(i, self.layer, self.head))
                 )
             else:
                 w = self.attention()
                 order = [int(j) for j in np.argsort(-w, kind="stable")[: ex.TOP] if w[j] > 0]
                 out.append(f"looked at it (L{self.layer}): ", style="bold")
-                out.append("  ".join(f"'{self._label(j)}'@{j} {w[j]:.2f}" for j in order))
+                out.append("  ".join(f"'{self._label(j)}'@{j} {num(w[j])}" for j in order))
             out.append("\n")
         out.append("next: ", style="bold")
-        out.append("  ".join(f"'{token_label(self.tokenizer, t)}' {p:.2f}" for t, p in s.predictions(i)))
+        out.append("  ".join(f"'{token_label(self.tokenizer, t)}' {num(p)}" for t, p in s.predictions(i)))
         out.append("\n")
         if self.knocked is not None:
             k = self.knocked
@@ -645,6 +650,8 @@ class ExploreApp(App):
         if not found:
             raise ConfigError(f"no behaviour '{query}': search for one of {', '.join(ex.BEHAVIOURS)}")
         self.behaviour = found[0]
+        if self.behaviour in ("quotes", "brackets", "line"):  # found by its memory: show that
+            self.quantity = "cell state" if self.scene.kind == "lstm" else "hidden"
         self._rank()
         self._back_to_attention()
         self.notify(f"units by: {ex.BEHAVIOURS[self.behaviour]}", timeout=3)
