@@ -373,13 +373,15 @@ def test_search_finds_the_unit_that_follows_the_line_position(loaded):
     drive(app, then=check)
 
 
-def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded):
-    ck = loaded["gru"]
+@pytest.mark.parametrize("kind, keys", [("gru", []), ("lstm", ["left_square_bracket"])])  # last layer, first
+def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded, kind, keys):
+    ck = loaded[kind]
     app = new_app(ck, SHORT)
 
     async def check(app, pilot):
-        await pilot.press("x")
+        await pilot.press(*keys, "x")
         await pilot.pause()
+        assert app.layer == (0 if keys else 1)
         ids = torch.tensor([app.scene.ids])
         base = ablate.rnn_nats(ck.model, ids)
         hurt = ablate.rnn_nats(ck.model, ids, ablate.zero_units(app.layer, [app.unit]))

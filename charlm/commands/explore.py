@@ -36,7 +36,7 @@ from charlm.models.probes import (
     capture_attention,
     choose_units,
     trace_gates,
-    trace_model,
+    trace_rnn,
 )
 
 MAX_TOKENS = 4096  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
@@ -421,18 +421,36 @@ def gate_scene(model, tokenizer, ids: list[int]) -> GateScene:
     return GateScene(ids, start, model.cfg.kind, traces, logits, nats, len(tokenizer.decode(ids[1:])), texts)
 
 
+def _layers(rnn, first: int, last: int):
+    """Layers first..last-1 of an nn.LSTM/GRU as a module of their own (the same weights, copied)."""
+    part = type(rnn)(rnn.input_size if first == 0 else rnn.hidden_size, rnn.hidden_size, num_layers=last - first,
+                     bias=rnn.bias, batch_first=True)  # fmt: skip
+    part.load_state_dict(
+        {
+            name.replace(f"_l{k + first}", f"_l{k}"): p
+            for k in range(last - first)
+            for name, p in rnn.named_parameters()
+            if name.endswith(f"_l{k + first}")
+        }  # fmt: skip
+    )
+    return part.to(next(rnn.parameters()).device).eval()
+
+
 @torch.no_grad()
 def zero_unit(model, scene: GateScene, layer: int, unit: int) -> Knockout:
-    """The text re-read with one unit's hidden state held at 0 at every step (lab ablate's zero_units)."""
+    """The text re-read with one unit's hidden state held at 0 at every step (lab ablate's zero_units).
+    The layers below are untouched (their trace is reused); the layer itself is stepped with the
+    intervention (probes.trace_rnn), the layers above run on PyTorch's own kernel."""
     if (layer, unit) in scene.knockouts:
         return scene.knockouts[(layer, unit)]
-    idx = torch.tensor([scene.ids], dtype=torch.long, device=next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    try:
-        h = trace_model(model, idx, zero_units(layer, [unit]))[-1].h
-    finally:
-        model.train(was_training)
+    rnn = model.rnn
+    if layer == 0:
+        below = model.tok_emb(torch.tensor([scene.ids], dtype=torch.long, device=next(model.parameters()).device))
+    else:
+        below = scene.traces[layer - 1].h
+    h = trace_rnn(_layers(rnn, layer, layer + 1), below, intervene=zero_units(0, [unit]))[0].h
+    if layer + 1 < rnn.num_layers:
+        h = _layers(rnn, layer + 1, rnn.num_layers)(h)[0]
     nats = _surprisal(model.head(h)[0].float(), scene.ids)
     result = Knockout(layer, unit, _targets_bpc(nats, scene.chars), scene.bpc, (nats - scene.nats) / LN2)
     scene.knockouts[(layer, unit)] = result
