@@ -447,19 +447,24 @@ class ExploreApp(App):
         for t in range(a, b):
             out.append((self._label(t) + " ")[0], Style(reverse=True) if t == self.cursor else Style(dim=True))
         out.append("\n")
+        steps = len(UNICODE_RAMP)
         for u in rows:
             out.append(f"{'▸' if u == self.unit else ' '}u{u:<4} ", style="bold" if u == self.unit else "")
             top = max(np.abs(values[:, u]).max(), 1e-9) if signed else 1.0
-            for t in range(a, b):
-                x = float(values[t, u] / top)
-                level = (
-                    0 if not abs(x) > 0.02 else 1 + min(len(UNICODE_RAMP) - 2, int(abs(x) * (len(UNICODE_RAMP) - 1)))
-                )
-                stops = (POS_STOPS if x >= 0 else NEG_STOPS) if signed else HEAT_STOPS
-                style = shade(abs(x), stops, background=False)
-                if t == self.cursor:
+            x = values[a:b, u] / top
+            levels = np.where(np.abs(x) > 0.02, 1 + np.minimum(steps - 2, (np.abs(x) * (steps - 1)).astype(int)), 0)
+            run, run_style = "", None
+            for k, (level, negative) in enumerate(zip(levels.tolist(), (x < 0).tolist())):
+                stops = (NEG_STOPS if negative else POS_STOPS) if signed else HEAT_STOPS
+                style = shade(level / (steps - 1), stops, background=False)  # one colour a glyph: long runs
+                if a + k == self.cursor:
                     style += CURSOR_COLUMN
-                out.append(UNICODE_RAMP[level] if x >= 0 or not signed else SIGNED_RAMPS[False][1][level], style)
+                if style is not run_style and run:
+                    out.append(run, run_style)
+                    run = ""
+                run_style = style
+                run += SIGNED_RAMPS[False][1][level] if signed and negative else UNICODE_RAMP[level]
+            out.append(run, run_style)
             out.append("\n")
         return out
 
