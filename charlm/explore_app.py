@@ -32,6 +32,7 @@ from charlm.views.text import safe_text
 SHORT_ROLE = {"previous-token": "prev", "induction": "induct", "local": "local", "global": "global", "distant": "far"}
 RISE_STOPS = [(70, 20, 20), (250, 60, 60)]  # where the loss rose after a knock-out: dark to bright red
 UNSEEN = Style(color="grey42")
+SCORE = {"changes": "spread", "saturated": "share", "quotes": "gap/sd", "brackets": "gap/sd", "line": "|r|"}
 CURSOR_COLUMN = Style(bgcolor="grey30")
 CURSOR = Style(reverse=True, bold=True, underline=True)  # tokens the cursor token does not see (outside its window)
 
@@ -249,8 +250,8 @@ class ExploreApp(App):
     Screen { layout: vertical; }
     #title { height: 1; background: $boost; }
     #bottom { height: 9; }
-    #grid { width: 60%; padding: 0 1; }
-    #panel { width: 1fr; padding: 0 1; }
+    #grid { width: 60%; height: 100%; padding: 0 1; }
+    #panel { width: 1fr; height: 100%; padding: 0 1; }
     #keys { height: 1; color: $text-muted; }
     #input { display: none; }
     """
@@ -288,6 +289,7 @@ class ExploreApp(App):
         self.behaviour = "changes"
         self.quantity = "forget" if self.rnn and self.scene.kind == "lstm" else "update"
         self.order: list[int] = []
+        self.scores = np.zeros(0)  # each unit's score by the behaviour
         self.unit = 0
         self.prompting = ""  # "edit" or "search" while the input line is open
         self._shown: dict[str, Text] = {}  # what each Static shows now (redrawn only when it changes)
@@ -477,7 +479,9 @@ class ExploreApp(App):
         bits = s.surprisal_bits()[i]
         out.append("  surprisal " + ("– (first token)" if math.isnan(bits) else f"{bits:.2f} bits") + "\n")
         if self.rnn:
-            out.append(f"L{self.layer} unit {self.unit}: ", style="bold")
+            out.append(f"L{self.layer} unit {self.unit} ", style="bold")
+            out.append(f"(#{self.order.index(self.unit) + 1} by {self.behaviour}: {SCORE[self.behaviour]} ")
+            out.append(f"{self.scores[self.unit]:.2f}): ")
             out.append(
                 "  ".join(
                     f"{q} {v:+.2f}" if q in ("cell state", "hidden", "cell", "new") else f"{q} {v:.2f}"
@@ -591,7 +595,7 @@ class ExploreApp(App):
         self.refresh_all()
 
     def _rank(self) -> None:
-        self.order, _ = self.scene.rank_units(self.layer, self.behaviour)
+        self.order, self.scores = self.scene.rank_units(self.layer, self.behaviour)
         self.unit = self.order[0]
 
     def action_keys(self) -> None:
