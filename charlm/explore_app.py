@@ -287,7 +287,7 @@ class ExploreApp(App):
         self.mode = "attention"  # or "surprisal", "knockout"; an RNN's "attention" is its unit's quantity
         self.knocked: ex.Knockout | None = None
         self.behaviour = "changes"
-        self.quantity = "forget" if self.rnn and self.scene.kind == "lstm" else "update"
+        self.quantity = "forget" if self.rnn and "forget" in self.scene.quantities else "update"
         self.order: list[int] = []
         self.scores = np.zeros(0)  # each unit's score by the behaviour
         self.unit = 0
@@ -660,7 +660,7 @@ class ExploreApp(App):
             raise ConfigError(f"no behaviour '{query}': search for one of {', '.join(ex.BEHAVIOURS)}")
         self.behaviour = found[0]
         if self.behaviour in ("quotes", "brackets", "line"):  # found by its memory: show that
-            self.quantity = "cell state" if self.scene.kind == "lstm" else "hidden"
+            self.quantity = "cell state" if self.scene.has_cell else "hidden"
         self._rank()
         self._back_to_attention()
         self.notify(f"units by: {ex.BEHAVIOURS[self.behaviour]}", timeout=3)

@@ -30,8 +30,6 @@ from charlm.lab.ablate import zero_units
 from charlm.lab.heads import role
 from charlm.models.probes import (
     CANDIDATES,
-    GRU_GATES,
-    LSTM_GATES,
     MAX_GATE_TOKENS,
     capture_attention,
     choose_units,
@@ -334,11 +332,12 @@ class GateScene:
     @property
     def quantities(self) -> tuple[str, ...]:
         """What can shade the text: each gate, then the cell state (LSTM) and the hidden state."""
-        return (
-            *(LSTM_GATES if self.kind == "lstm" else GRU_GATES),
-            *(("cell state",) if self.kind == "lstm" else ()),
-            "hidden",
-        )
+        return (*self.traces[0].gates, *(("cell state",) if self.has_cell else ()), "hidden")
+
+    @property
+    def has_cell(self) -> bool:
+        """An LSTM's cell state beside its hidden state (a GRU has only the hidden state)."""
+        return self.traces[0].c is not None
 
     def values(self, layer: int, quantity: str) -> np.ndarray:
         """(n, hidden) of one quantity of one layer."""
