@@ -26,6 +26,7 @@ from textual.widgets import Input, Static
 
 from charlm.commands import explore as ex
 from charlm.config import ConfigError
+from charlm.tokenizer import UnknownCharactersError
 from charlm.views.heatmap import HEAT_STOPS, NEG_STOPS, POS_STOPS, SIGNED_RAMPS, UNICODE_RAMP, token_label
 from charlm.views.text import safe_text
 
@@ -636,8 +637,8 @@ class ExploreApp(App):
                 self.rerun(value)
             elif what == "search":
                 self.search(value)
-        except ConfigError as e:
-            self.notify(str(e), severity="error")
+        except (ConfigError, UnknownCharactersError) as e:  # the text stays as it was
+            self.notify(safe_text(str(e)), severity="error")
 
     def rerun(self, text: str) -> None:
         """Explore another text: every number computed again, the cursor kept where it can be."""

@@ -60,7 +60,7 @@ def loaded(view_runs):
 
 
 def new_app(ck, text: str) -> ExploreApp:
-    return ExploreApp(ck.model, ck.tokenizer, ck.tokenizer.encode(text), name="run")
+    return ExploreApp(ck.model, ck.tokenizer, ck.tokenizer.encode(text), name="run", unknown="error")
 
 
 # ---- Transformer: what the screen shows equals the probes' numbers ----------------------------------------
@@ -268,6 +268,11 @@ def test_edit_re_runs_the_text(loaded):
         assert not box.display and app.cursor == len(app.scene.ids) - 1
         await pilot.press("e", "escape")  # Esc: nothing changes
         assert app.scene.ids == ck.tokenizer.encode("JULIET:\nO Romeo") and not app.prompting
+        await pilot.press("e")
+        box.value = "price: 5€"  # a character the model never saw (--unknown error): a message, no change
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.scene.ids == ck.tokenizer.encode("JULIET:\nO Romeo") and app.is_running
 
     drive(app, then=check)
 
@@ -470,3 +475,18 @@ def test_other_commands_never_import_textual(args, tmp_path):
         [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
     )
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_control_characters_in_the_text_are_shown_harmless(loaded):
+    """A text with terminal escapes (a title change, a bell, colours) reaches the screen as visible escapes."""
+    ck = loaded["bpe"]  # byte-level BPE: it encodes any text
+    app = new_app(ck, "ROMEO: \x1b]0;pwned\x07 \x1b[31mred\x1b[0m [bold]x[/bold]")
+
+    async def check(app, pilot):
+        shown = app.query_one(TextPane).text()
+        assert "\x1b" not in shown and "\x07" not in shown
+        assert "\\x1b]0;pwned\\x07" in shown.replace("\n", "") and "[bold]x[/bold]" in shown.replace("\n", "")
+        await pilot.press("home")
+        assert "\x1b" not in str(app.query_one("#panel").render())
+
+    drive(app, then=check)
