@@ -192,6 +192,35 @@ class TextPane(Widget):
             self.app.move_to(t)
 
 
+class Lines(Widget):
+    """Rich Text drawn line by line, cropped, never wrapped (Textual's line API: a key press repaints it
+    without a markup or wrapping pass). The head grid and the units x tokens map."""
+
+    DEFAULT_CSS = "Lines { height: 100%; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._text = Text()
+        self._strips: list[Strip] | None = None
+
+    def update(self, text: Text, layout: bool = False) -> None:
+        self._text, self._strips = text, None
+        self.refresh(layout=layout)
+
+    def render(self) -> Text:  # (what tests read: the text shown)
+        return self._text
+
+    def render_line(self, y: int) -> Strip:
+        width = max(1, self.content_size.width)
+        if self._strips is None:
+            segments = self._text.render(self.app.console, end="")
+            self._strips = [Strip(line).crop_extend(0, width, None) for line in Segment.split_lines(segments)]
+        return self._strips[y] if y < len(self._strips) else Strip.blank(width)
+
+    def on_resize(self, event) -> None:
+        self._strips = None
+
+
 class Keys(ModalScreen):
     """`?`: every key; any key closes it."""
 
@@ -303,7 +332,7 @@ class ExploreApp(App):
         yield Static(id="title")
         yield TextPane(id="text")
         with Horizontal(id="bottom"):
-            yield Static(id="grid")
+            yield Lines(id="grid")
             yield Static(id="panel")
         yield Input(id="input")
         yield Static(id="keys")
@@ -393,7 +422,7 @@ class ExploreApp(App):
         }
         for name, text in parts.items():
             if layout or self._shown.get(name) != text:
-                self.query_one(f"#{name}", Static).update(text, layout=layout)
+                self.query_one(f"#{name}").update(text, layout=layout)
                 self._shown[name] = text
 
     def title_text(self) -> Text:
@@ -421,8 +450,8 @@ class ExploreApp(App):
             for head in range(s.heads):
                 lab = s.label(layer, head)
                 name = lab.name if lab.name.startswith("offset") else SHORT_ROLE.get(lab.role, lab.role)
-                num = f"{lab.distance:.1f}" if lab.distance < 100 else f"{lab.distance:.0f}"
-                body = f"{name[: cell - 1 - len(num) - 1]:<{cell - 1 - len(num) - 1}} {num}"
+                back = f"{lab.distance:.1f}" if lab.distance < 100 else f"{lab.distance:.0f}"
+                body = f"{name[: cell - 6]:<{cell - 6}} {back:>4}"
                 chosen = layer == self.layer and (self.head is None or self.head == head)
                 style = Style(reverse=True, bold=True) if chosen else Style(color=ROLE_COLOURS.get(lab.role))
                 out.append(" ")
@@ -432,7 +461,13 @@ class ExploreApp(App):
         lab = None if self.head is None else s.label(self.layer, self.head)
         out.append(f"{which}", style="bold")
         if lab:
-            out.append(f" {lab.name}: prev {lab.previous:.2f} ind {lab.induction:.2f} ent {lab.entropy:.1f}b")
+            scores = f" · prev {num(lab.previous)} ind {num(lab.induction)} ent {lab.entropy:.1f}b"
+            name = (
+                lab.name
+                if len(which) + len(lab.name) + len(scores) < self.grid_width() - 2
+                else SHORT_ROLE.get(lab.role, lab.role)
+            )
+            out.append(f" {name}{scores}")
         return out
 
     def heat_text(self) -> Text:
