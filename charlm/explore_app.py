@@ -220,6 +220,11 @@ class Lines(Widget):
     def on_resize(self, event) -> None:
         self._strips = None
 
+    def on_click(self, event) -> None:
+        offset = event.get_content_offset(self)
+        if offset is not None:
+            self.app.grid_click(offset.x, offset.y)
+
 
 class Keys(ModalScreen):
     """`?`: every key; any key closes it."""
@@ -247,7 +252,7 @@ class Keys(ModalScreen):
 TRANSFORMER_KEYS = [
     ("← →", "move the cursor a token (Home, End: the ends; or click a token)"),
     ("↑ ↓", "the layer"),
-    ("[ ]", "the head"),
+    ("[ ]", "the head (or click a cell of the grid)"),
     ("a", "the mean of the layer's heads"),
     ("d", "direction: where the cursor token looked / which tokens looked at it"),
     ("s", "shade by surprisal (bits) instead"),
@@ -570,6 +575,15 @@ class ExploreApp(App):
     def move_to(self, token: int) -> None:
         self.cursor = max(0, min(len(self.scene.ids) - 1, token))
         self.refresh_all()
+
+    def grid_click(self, x: int, y: int) -> None:
+        """A click on the head grid selects that layer and head (row 0 is the grid's title)."""
+        if self.rnn or not 1 <= y <= self.scene.layers or x < 4:
+            return
+        head = (x - 4) // self.cell_width()
+        if head < self.scene.heads:
+            self.layer, self.head = y - 1, head
+            self._back_to_attention()
 
     def action_move(self, step: int) -> None:
         self.move_to(self.cursor + step)

@@ -252,6 +252,21 @@ def test_a_click_moves_the_cursor_to_that_token(loaded):
     drive(app, then=check)
 
 
+def test_a_click_on_the_head_grid_selects_that_head(loaded):
+    app = new_app(loaded["tf"], TWO_LINES)
+
+    async def check(app, pilot):
+        cell = app.cell_width()
+        await pilot.click("#grid", offset=(1 + 4 + cell + 2, 1))  # padding, 'L0  ', then into the second cell
+        await pilot.pause()
+        assert (app.layer, app.head) == (0, 1)
+        await pilot.click("#grid", offset=(1 + 4 + 2, 2))
+        await pilot.pause()
+        assert (app.layer, app.head) == (1, 0)
+
+    drive(app, then=check)
+
+
 def test_edit_re_runs_the_text(loaded):
     ck = loaded["tf"]
     app = new_app(ck, TWO_LINES)
