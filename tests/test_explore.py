@@ -505,3 +505,27 @@ def test_control_characters_in_the_text_are_shown_harmless(loaded):
         assert "\x1b" not in str(app.query_one("#panel").render())
 
     drive(app, then=check)
+
+
+def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path):
+    """`charlm explore` in a pseudo-terminal (100 × 30): the first screen, a key, q, exit status 0."""
+    import pexpect
+
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "explore", str(view_runs["tf"]), "ROMEO:\nBut soft"],
+        env=env,
+        dimensions=(30, 100),
+        encoding="utf-8",
+        timeout=60,
+    )
+    try:
+        child.expect("heads: role")
+        child.send("]")
+        child.expect("L1H1")
+        child.send("q")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
