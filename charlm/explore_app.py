@@ -549,7 +549,7 @@ class ExploreApp(App):
         out.append("\n")
         if self.knocked is not None:
             k = self.knocked
-            what = f"unit {k.head} of L{k.layer}" if self.rnn else f"L{k.layer}H{k.head}"
+            what = f"unit {k.part} of L{k.layer}" if self.rnn else f"L{k.layer}H{k.part}"
             out.append(f"without {what}: {k.bpc:.3f} bits/char ({k.change:+.3f})", style="bold red")
             if self.mode == "knockout":
                 worst = int(np.argmax(k.rise)) + 1 if len(k.rise) else 0

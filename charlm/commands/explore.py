@@ -37,7 +37,7 @@ from charlm.models.probes import (
     trace_rnn,
 )
 
-MAX_TOKENS = 4096  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
+MAX_TOKENS = MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
 TOP = 5  # keys and predictions listed in the side panel
 LN2 = math.log(2)
 
@@ -101,10 +101,11 @@ class HeadLabel:
 
 @dataclass
 class Knockout:
-    """A head taken out (or none): bits/char over the text and the change in every target's surprisal."""
+    """A head (Transformer) or a unit (LSTM/GRU) taken out: bits/char over the text, and the change in every
+    target's surprisal."""
 
     layer: int
-    head: int
+    part: int  # the head, or the unit
     bpc: float
     base_bpc: float
     rise: np.ndarray  # (n - 1,) bits each target token lost (positive: the loss rose)
@@ -128,8 +129,6 @@ class AttentionScene:
     chars: int  # characters of tokens 1..n-1 (the bits/char denominator)
     context: int
     knockouts: dict = field(default_factory=dict)  # (layer, head) -> Knockout, computed on demand
-
-    kind = "transformer"
 
     @property
     def layers(self) -> int:
