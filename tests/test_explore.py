@@ -529,3 +529,18 @@ def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path):
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize("kind", ["tf", "lstm"])
+def test_a_text_past_the_limit_shows_its_last_tokens_and_says_so(loaded, kind, monkeypatch):
+    monkeypatch.setattr(ex, "MAX_TOKENS", 100)
+    monkeypatch.setattr(ex, "MAX_GATE_TOKENS", 100)
+    ck = loaded[kind]
+    ids = ck.tokenizer.encode(VIEW_TEXT[:150])
+    app = ExploreApp(ck.model, ck.tokenizer, ids, name="run")
+    assert app.scene.ids == ids[-100:] and app.scene.start == len(ids) - 100
+
+    async def check(app, pilot):
+        assert "the text's last 100 tokens" in str(app.query_one("#title").render())
+
+    drive(app, then=check)
