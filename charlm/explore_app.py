@@ -35,7 +35,8 @@ RISE_STOPS = [(70, 20, 20), (250, 60, 60)]  # where the loss rose after a knock-
 UNSEEN = Style(color="grey42")
 SCORE = {"changes": "spread", "saturated": "share", "quotes": "gap/sd", "brackets": "gap/sd", "line": "|r|"}
 CURSOR_COLUMN = Style(bgcolor="grey30")
-CURSOR = Style(reverse=True, bold=True, underline=True)  # tokens the cursor token does not see (outside its window)
+CURSOR = Style(reverse=True, bold=True, underline=True)
+NEWLINE = "⏎"  # a newline in the one-line editor  # tokens the cursor token does not see (outside its window)
 
 
 LEVELS = 32  # shades of a scale: a key press looks its styles up instead of building thousands
@@ -660,7 +661,8 @@ class ExploreApp(App):
         self.refresh_all()
 
     def action_edit(self) -> None:
-        self._prompt("edit", self.tokenizer.decode(self.scene.ids), "the text to explore (Enter: run, Esc: cancel)")
+        text = self.tokenizer.decode(self.scene.ids).replace("\n", NEWLINE)  # one line: newlines shown as ⏎
+        self._prompt("edit", text, f"the text to explore ({NEWLINE}: a new line; Enter: run, Esc: cancel)")
 
     def action_search(self) -> None:
         if self.rnn:
@@ -683,7 +685,7 @@ class ExploreApp(App):
         self._close_prompt()
         try:
             if what == "edit":
-                self.rerun(value)
+                self.rerun(value.replace(NEWLINE, "\n"))
             elif what == "search":
                 self.search(value)
         except (ConfigError, UnknownCharactersError) as e:  # the text stays as it was
