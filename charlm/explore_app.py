@@ -662,7 +662,7 @@ class ExploreApp(App):
 
     def action_edit(self) -> None:
         text = self.tokenizer.decode(self.scene.ids).replace("\n", NEWLINE)  # one line: newlines shown as ⏎
-        self._prompt("edit", text, f"the text to explore ({NEWLINE}: a new line; Enter: run, Esc: cancel)")
+        self._prompt("edit", text, f"the text to explore ({NEWLINE} or \\n: a new line; Enter: run, Esc: cancel)")
 
     def action_search(self) -> None:
         if self.rnn:
@@ -685,7 +685,7 @@ class ExploreApp(App):
         self._close_prompt()
         try:
             if what == "edit":
-                self.rerun(value.replace(NEWLINE, "\n"))
+                self.rerun(value.replace(NEWLINE, "\n").replace("\\n", "\n"))  # ⏎ or \n typed: a newline
             elif what == "search":
                 self.search(value)
         except (ConfigError, UnknownCharactersError) as e:  # the text stays as it was

@@ -276,7 +276,7 @@ def test_edit_re_runs_the_text(loaded):
         await pilot.pause()
         box = app.query_one(Input)
         assert box.display and box.value == TWO_LINES.replace("\n", "⏎")  # the one-line editor's newlines
-        box.value = "JULIET:⏎O Romeo"
+        box.value = "JULIET:\\nO Romeo"  # \n typed: a newline, as ⏎
         await pilot.press("enter")
         await pilot.pause()
         assert app.scene.ids == ck.tokenizer.encode("JULIET:\nO Romeo")
