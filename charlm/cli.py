@@ -217,6 +217,18 @@ def gates(ckpt, **flags):
     draw_gates(console, ck.tokenizer, trace(ck.model, ids, view, fits), view, screen)
 
 
+@command(config.ExploreOptions, args=[path_argument("ckpt"), click.Argument(["text"], required=False)])
+def explore(ckpt, text, **flags):
+    """Walk through TEXT with CKPT in a full-screen app: each token's attention, head by head (a Transformer),
+    or each unit's gates (an LSTM/GRU), its predictions and surprisal; knock a head out and see the loss rise
+    (? inside lists the keys)."""
+    opts = from_flags(config.ExploreOptions, flags)
+    from charlm.commands.explore import load
+    from charlm.explore_app import explore as run_app
+
+    run_app(*load(ckpt, text, opts), opts)
+
+
 @command(
     config.EvalOptions,
     name="eval",

@@ -682,6 +682,28 @@ class LookOptions(PromptOptions):
 
 
 @dataclass
+class ExploreOptions(PromptOptions):
+    """`charlm explore`'s flags beside its text (a TEXT argument, --prompt or --prompt-file)."""
+
+    screenshot: str | None = flag(None, "Render the first screen to this SVG file and exit (no terminal needed).")
+    size: str = flag("100x30", "--screenshot's size in columns x rows.")
+    unknown: str = unknown_flag()
+
+    def validate(self) -> ExploreOptions:
+        super().validate()
+        _check_paths(self, "screenshot")
+        _check(bool(re.fullmatch(r"\d+x\d+", self.size)), f"--size must be COLUMNSxROWS like 100x30, got '{self.size}'")
+        w, h = self.columns_rows
+        _check(40 <= w <= 400 and 12 <= h <= 200, f"--size must be 40x12 to 400x200, got {self.size}")
+        return self
+
+    @property
+    def columns_rows(self) -> tuple[int, int]:
+        w, h = self.size.split("x")
+        return int(w), int(h)
+
+
+@dataclass
 class EvalOptions:
     """How `charlm eval` reads its text."""
 

@@ -1,0 +1,514 @@
+"""`charlm explore` as functions: every number the explorer (charlm/explore_app.py) shows, computed once per
+text, so a cursor or head move only looks numbers up. Nothing here draws.
+
+  scene(model, tokenizer, ids) -> AttentionScene | GateScene
+
+A Transformer reads a text longer than its context in windows of `context` tokens that advance by half a
+context (as `charlm eval` does); each token is read in the first window that holds it with the most tokens
+before it, so it sees between context/2 and context tokens. Its attention rows, its next-token logits and its
+surprisal come from that one forward pass (models/probes.py capture_attention on the window: the model's own
+explicit-softmax path). Head labels are `lab heads`' (charlm/lab/heads.py role) from scores measured on the
+text itself: previous-token weight, induction weight (on the tokens that followed earlier occurrences of the
+query's token), distance looked back and entropy. A knock-out zeroes one head's slice of the input of its
+layer's output projection, as `lab ablate` does (charlm/lab/ablate.py), and re-reads every window.
+
+An LSTM/GRU reads the last MAX_GATE_TOKENS tokens from a fresh state; its gates come from probes.trace_gates
+(the same trace `charlm gates` draws), its logits from the model's own head on the last layer's states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from charlm.config import ConfigError, ExploreOptions
+from charlm.lab.ablate import zero_units
+from charlm.lab.heads import role
+from charlm.models.probes import (
+    CANDIDATES,
+    MAX_GATE_TOKENS,
+    capture_attention,
+    choose_units,
+    trace_gates,
+    trace_rnn,
+)
+
+MAX_TOKENS = MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
+TOP = 5  # keys and predictions listed in the side panel
+LN2 = math.log(2)
+
+
+# ---- windows: which tokens each token sees ------------------------------------------------------------
+
+
+def windows(n: int, context: int) -> list[int]:
+    """Starts of the windows a text of n tokens is read in: one when it fits, else every context//2 tokens
+    and a last one ending at the text's end."""
+    if n <= context:
+        return [0]
+    step = max(1, context // 2)
+    return [*range(0, n - context, step), n - context]
+
+
+def window_of(n: int, context: int) -> np.ndarray:
+    """For every token, the start of the window it is read in: the first window that holds it (the one
+    where it has the most tokens before it)."""
+    starts = windows(n, context)
+    ends = np.array(starts) + min(n, context)
+    which = np.searchsorted(ends, np.arange(n), side="right")  # the first window ending after the token
+    return np.array(starts)[which]
+
+
+def _targets_bpc(nats: np.ndarray, chars: int) -> float:
+    """Bits per character of per-target nats (tokens 1..n-1) on text of `chars` characters."""
+    return float(nats.sum() / max(chars, 1) / LN2)
+
+
+def _surprisal(logits: torch.Tensor, ids: list[int]) -> np.ndarray:
+    """Nats of each target: nats[i - 1] = -log p(ids[i] | before), from logits (n, vocab) of each query."""
+    if len(ids) < 2:
+        return np.zeros(0)
+    target = torch.tensor(ids[1:], dtype=torch.long)
+    return F.cross_entropy(logits[:-1].float(), target, reduction="none").numpy()
+
+
+# ---- Transformer ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HeadLabel:
+    layer: int
+    head: int
+    role: str  # lab heads' name: previous-token, induction, local, distant, global
+    previous: float
+    induction: float
+    distance: float  # tokens looked back, attention-weighted, mean over queries
+    entropy: float  # bits, mean over queries
+    offset: int  # the most common distance to a query's strongest key
+    offset_share: float  # how often that is the strongest key
+
+    @property
+    def name(self) -> str:
+        """The role, with its fixed offset for a focused far-looking head (a copy head: 'offset 12')."""
+        if self.role == "distant" and self.offset_share >= 0.5:
+            return f"offset {self.offset}"
+        return self.role
+
+
+@dataclass
+class Knockout:
+    """A head (Transformer) or a unit (LSTM/GRU) taken out: bits/char over the text, and the change in every
+    target's surprisal."""
+
+    layer: int
+    part: int  # the head, or the unit
+    bpc: float
+    base_bpc: float
+    rise: np.ndarray  # (n - 1,) bits each target token lost (positive: the loss rose)
+
+    @property
+    def change(self) -> float:
+        return self.bpc - self.base_bpc
+
+
+@dataclass
+class AttentionScene:
+    """A Transformer on a text: every head's attention row of every token, its predictions, its surprisal."""
+
+    ids: list[int]
+    start: int  # the text's first token shown (a longer text: its last MAX_TOKENS)
+    seen_from: np.ndarray  # (n,) the first token each token sees (its window's start)
+    rows: np.ndarray  # (n, layers, heads, context): rows[i, l, h, k] = weight of token i on token seen_from[i] + k
+    logits: torch.Tensor  # (n, vocab): the model's next-token logits after each token
+    nats: np.ndarray  # (n - 1,): surprisal of tokens 1..n-1 in nats
+    labels: list[HeadLabel]
+    chars: int  # characters of tokens 1..n-1 (the bits/char denominator)
+    context: int
+    knockouts: dict = field(default_factory=dict)  # (layer, head) -> Knockout, computed on demand
+
+    @property
+    def layers(self) -> int:
+        return self.rows.shape[1]
+
+    @property
+    def heads(self) -> int:
+        return self.rows.shape[2]
+
+    def label(self, layer: int, head: int) -> HeadLabel:
+        return self.labels[layer * self.heads + head]
+
+    def looked_at(self, i: int, layer: int, head: int | None) -> np.ndarray:
+        """(n,) how much token i attended to each token (0 outside what it sees); head None: the layer's mean."""
+        row = self.rows[i, layer]
+        row = row.mean(axis=0) if head is None else row[head]
+        out = np.zeros(len(self.ids))
+        a = int(self.seen_from[i])
+        out[a : i + 1] = row[: i + 1 - a]
+        return out
+
+    def looked_from(self, j: int, layer: int, head: int | None) -> np.ndarray:
+        """(n,) how much each token attended to token j (0 for tokens that do not see it)."""
+        out = np.zeros(len(self.ids))
+        q = np.arange(j, len(self.ids))
+        q = q[self.seen_from[q] <= j]
+        k = j - self.seen_from[q]
+        rows = self.rows[q, layer]  # (queries, heads, context)
+        w = rows.mean(axis=1) if head is None else rows[:, head]
+        out[q] = w[np.arange(len(q)), k]
+        return out
+
+    def top_keys(self, i: int, layer: int, head: int | None, k: int = TOP) -> list[tuple[int, float]]:
+        w = self.looked_at(i, layer, head)
+        order = np.argsort(-w, kind="stable")[:k]
+        return [(int(j), float(w[j])) for j in order if w[j] > 0]
+
+    def surprisal_bits(self) -> np.ndarray:
+        """(n,) bits of each token given the ones before (NaN for the first, which nothing predicts)."""
+        return np.concatenate([[np.nan], self.nats / LN2])
+
+    def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
+        return _top(self.logits[i], k)
+
+    @property
+    def bpc(self) -> float:
+        return _targets_bpc(self.nats, self.chars)
+
+
+def _top(logits: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    p = torch.softmax(logits.float(), dim=-1)
+    values, ids = p.topk(min(k, p.numel()))
+    return [(int(i), float(v)) for i, v in zip(ids, values)]
+
+
+def head_scores(scene_rows: np.ndarray, seen_from: np.ndarray, ids: list[int]) -> list[HeadLabel]:
+    """lab heads' scores of every head on this text, from the rows of every query but the first:
+    previous: weight on the token before; induction: weight on the tokens that followed earlier occurrences
+    of the query's token (queries with one in what they see); distance and entropy as lab heads measures
+    them; the role by lab heads' own rule (lab.heads.role)."""
+    n, L, H, C = scene_rows.shape
+    ids_a = np.asarray(ids)
+    q = np.arange(1, n)
+    back = q[:, None] - (seen_from[q][:, None] + np.arange(C)[None, :])  # (n-1, C) how far back each key is
+    valid = back >= 0
+    # induction targets: key k (absolute j) with ids[j - 1] == ids[query], j - 1 >= seen_from, j < query
+    keys = seen_from[q][:, None] + np.arange(C)[None, :]
+    prev_tok = np.where((keys - 1 >= seen_from[q][:, None]) & valid, ids_a[np.clip(keys - 1, 0, n - 1)], -1)
+    ind_mask = (prev_tok == ids_a[q][:, None]) & (keys < q[:, None]) & valid
+    has_ind = ind_mask.any(axis=1)
+    prev_k = (q - 1 - seen_from[q]).astype(int)
+    seen = (q - seen_from[q] + 1).astype(float)
+    uniform_entropy = float(np.mean(np.log2(seen)))
+    flat = scene_rows[q].astype(np.float64)  # (n-1, L, H, C)
+    out = []
+    for layer in range(L):
+        for head in range(H):
+            w = np.where(valid, flat[:, layer, head], 0.0)  # (n-1, C)
+            prev = float(w[np.arange(len(q)), prev_k].mean()) if len(q) else 0.0
+            ind = float((w * ind_mask)[has_ind].sum(axis=1).mean()) if has_ind.any() else 0.0
+            dist = float((w * np.clip(back, 0, None)).sum(axis=1).mean()) if len(q) else 0.0
+            ent = (
+                float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
+                if len(q)
+                else 0.0
+            )
+            if len(q):
+                offsets = q - (seen_from[q] + w.argmax(axis=1))
+                counts = np.bincount(offsets)
+                common, share = int(counts.argmax()), float(counts.max() / len(q))
+            else:
+                common, share = 0, 1.0
+            out.append(
+                HeadLabel(layer, head, role(prev, ind, dist, ent, uniform_entropy), prev, ind, dist, ent, common, share)
+            )
+    return out
+
+
+def attention_scene(model, tokenizer, ids: list[int]) -> AttentionScene:
+    start = max(0, len(ids) - MAX_TOKENS)
+    ids = ids[start:]
+    context = model.cfg.context
+    seen_from = window_of(len(ids), context)
+    was_training = model.training
+    model.eval()
+    try:
+        rows, logits = _attention_windows(model, ids, seen_from)
+    finally:
+        model.train(was_training)
+    nats = _surprisal(logits, ids)
+    chars = len(tokenizer.decode(ids[1:]))
+    return AttentionScene(ids, start, seen_from, rows, logits, nats, head_scores(rows, seen_from, ids), chars, context)
+
+
+@torch.no_grad()
+def _attention_windows(model, ids: list[int], seen_from: np.ndarray):
+    """Every token's attention rows (n, L, H, C) and next-token logits (n, vocab), from the window each is
+    read in: its attention as probes.capture_attention reads it, its logits from the model's forward pass."""
+    n, context = len(ids), model.cfg.context
+    cfg = model.cfg
+    rows = np.zeros((n, cfg.n_layers, cfg.n_heads, min(n, context)), dtype=np.float32)
+    logits = torch.zeros(n, cfg.vocab_size)
+    device = next(model.parameters()).device
+    for a in windows(n, context):
+        mine = np.nonzero(seen_from == a)[0]  # the tokens read in this window
+        window = ids[a : a + context]
+        _, w = capture_attention(model, window)  # (L, H, T, T); the window fits: offset 0
+        rows[mine, :, :, : w.shape[-1]] = w[:, :, mine - a, :].transpose(2, 0, 1, 3)
+        out = model(torch.tensor([window], dtype=torch.long, device=device))[0][0]  # (T, vocab)
+        logits[mine] = out[mine - a].float().cpu()
+    return rows, logits
+
+
+@torch.no_grad()
+def knock_out(model, scene: AttentionScene, layer: int, head: int) -> Knockout:
+    """The text re-read with one head taken out, as lab ablate does it: a forward pre-hook zeroes that head's
+    slice of the input of its layer's output projection (the head then adds nothing)."""
+    if (layer, head) in scene.knockouts:
+        return scene.knockouts[(layer, head)]
+    hs = model.cfg.d_model // model.cfg.n_heads
+
+    def zero_head(module, args):
+        y = args[0].clone()
+        y[..., head * hs : (head + 1) * hs] = 0
+        return (y,)
+
+    n, context = len(scene.ids), scene.context
+    logits = torch.zeros_like(scene.logits)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    hook = model.blocks[layer].attn.proj.register_forward_pre_hook(zero_head)
+    try:
+        for a in windows(n, context):
+            mine = np.nonzero(scene.seen_from == a)[0]
+            idx = torch.tensor([scene.ids[a : a + context]], dtype=torch.long, device=device)
+            logits[mine] = model(idx)[0][0][mine - a].float().cpu()
+    finally:
+        hook.remove()
+        model.train(was_training)
+    nats = _surprisal(logits, scene.ids)
+    result = Knockout(layer, head, _targets_bpc(nats, scene.chars), scene.bpc, (nats - scene.nats) / LN2)
+    scene.knockouts[(layer, head)] = result
+    return result
+
+
+# ---- LSTM / GRU -----------------------------------------------------------------------------------------
+
+BEHAVIOURS = {
+    "changes": "its gates change most over the text (what charlm gates shows first)",
+    "saturated": "its gates sit near 0 or 1 most of the time",
+    "quotes": "it differs most inside quotes from outside",
+    "brackets": "it differs most inside brackets from outside",
+    "line": "it follows the position in the line (chars since the last newline)",
+}
+
+
+@dataclass
+class GateScene:
+    """An LSTM/GRU on a text: every layer's gates and states at every token, its predictions, its surprisal."""
+
+    ids: list[int]
+    start: int  # the trace starts at token `start` of the text, from a fresh state
+    kind: str  # "lstm" or "gru"
+    traces: list  # probes.LayerTrace per layer; tensors (1, n, hidden)
+    logits: torch.Tensor  # (n, vocab)
+    nats: np.ndarray  # (n - 1,)
+    chars: int
+    texts: list[str]  # each token's text (for the behaviour search)
+    knockouts: dict = field(default_factory=dict)  # (layer, unit) -> Knockout
+
+    @property
+    def layers(self) -> int:
+        return len(self.traces)
+
+    @property
+    def hidden(self) -> int:
+        return self.traces[0].h.shape[-1]
+
+    @property
+    def quantities(self) -> tuple[str, ...]:
+        """What can shade the text: each gate, then the cell state (LSTM) and the hidden state."""
+        return (*self.traces[0].gates, *(("cell state",) if self.has_cell else ()), "hidden")
+
+    @property
+    def has_cell(self) -> bool:
+        """An LSTM's cell state beside its hidden state (a GRU has only the hidden state)."""
+        return self.traces[0].c is not None
+
+    def values(self, layer: int, quantity: str) -> np.ndarray:
+        """(n, hidden) of one quantity of one layer."""
+        t = self.traces[layer]
+        v = {"cell state": t.c, "hidden": t.h}.get(quantity)
+        v = t.gates[quantity] if v is None else v
+        return v[0].float().numpy()
+
+    def surprisal_bits(self) -> np.ndarray:
+        return np.concatenate([[np.nan], self.nats / LN2])
+
+    def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
+        return _top(self.logits[i], k)
+
+    @property
+    def bpc(self) -> float:
+        return _targets_bpc(self.nats, self.chars)
+
+    def rank_units(self, layer: int, behaviour: str) -> tuple[list[int], np.ndarray]:
+        """Units of a layer, best first by a behaviour (BEHAVIOURS), and each unit's score."""
+        trace = self.traces[layer]
+        H = self.hidden
+        state = (trace.c if trace.c is not None else trace.h)[0].float().numpy()  # (n, H): the memory
+        if behaviour == "changes":
+            order = choose_units(trace, H)
+            score = sum(v[0].float().std(dim=0) for name, v in trace.gates.items() if name not in CANDIDATES).numpy()
+            return order, score
+        if behaviour == "saturated":
+            gates = [v[0].float().numpy() for name, v in trace.gates.items() if name not in CANDIDATES]
+            score = np.mean([((g < 0.1) | (g > 0.9)).mean(axis=0) for g in gates], axis=0)
+        elif behaviour in ("quotes", "brackets", "line"):
+            signal = _text_signal(self.texts, behaviour)
+            if behaviour == "line":
+                score = np.abs(_correlation(state, signal))
+            else:
+                inside = signal > 0
+                if inside.all() or not inside.any():
+                    score = np.zeros(H)
+                else:
+                    gap = state[inside].mean(axis=0) - state[~inside].mean(axis=0)
+                    score = np.abs(gap) / (state.std(axis=0) + 1e-6)
+        else:
+            raise ConfigError(f"no unit behaviour '{behaviour}': choose one of {', '.join(BEHAVIOURS)}")
+        order = [int(u) for u in np.argsort(-score, kind="stable")]
+        return order, score
+
+
+def _correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each column of x (n, H) with y (n,); 0 where either is constant."""
+    xc, yc = x - x.mean(axis=0), y - y.mean()
+    den = np.sqrt((xc**2).sum(axis=0) * (yc**2).sum())
+    return np.where(den > 0, (xc * yc[:, None]).sum(axis=0) / np.where(den > 0, den, 1), 0.0)
+
+
+def _text_signal(texts: list[str], behaviour: str) -> np.ndarray:
+    """Per token: inside quotes (1/0), bracket depth, or characters since the last newline, as the token's
+    first character finds it."""
+    out = np.zeros(len(texts))
+    quote, depth, col = False, 0, 0
+    for t, text in enumerate(texts):
+        out[t] = {"quotes": float(quote), "brackets": float(depth > 0), "line": float(col)}[behaviour]
+        for ch in text:
+            if ch == '"':
+                quote = not quote
+            elif ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth = max(0, depth - 1)
+            col = 0 if ch == "\n" else col + 1
+    return out
+
+
+@torch.no_grad()
+def gate_scene(model, tokenizer, ids: list[int]) -> GateScene:
+    start, traces = trace_gates(model, ids, MAX_GATE_TOKENS)
+    ids = ids[start:]
+    logits = model.head(traces[-1].h)[0].float()  # (n, vocab): the model's own head on the last layer's states
+    nats = _surprisal(logits, ids)
+    texts = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+    return GateScene(ids, start, model.cfg.kind, traces, logits, nats, len(tokenizer.decode(ids[1:])), texts)
+
+
+def _layers(rnn, first: int, last: int):
+    """Layers first..last-1 of an nn.LSTM/GRU as a module of their own (the same weights, copied)."""
+    part = type(rnn)(rnn.input_size if first == 0 else rnn.hidden_size, rnn.hidden_size, num_layers=last - first,
+                     bias=rnn.bias, batch_first=True)  # fmt: skip
+    part.load_state_dict(
+        {
+            name.replace(f"_l{k + first}", f"_l{k}"): p
+            for k in range(last - first)
+            for name, p in rnn.named_parameters()
+            if name.endswith(f"_l{k + first}")
+        }  # fmt: skip
+    )
+    return part.to(next(rnn.parameters()).device).eval()
+
+
+@torch.no_grad()
+def zero_unit(model, scene: GateScene, layer: int, unit: int) -> Knockout:
+    """The text re-read with one unit's hidden state held at 0 at every step (lab ablate's zero_units).
+    The layers below are untouched (their trace is reused); the layer itself is stepped with the
+    intervention (probes.trace_rnn), the layers above run on PyTorch's own kernel."""
+    if (layer, unit) in scene.knockouts:
+        return scene.knockouts[(layer, unit)]
+    rnn = model.rnn
+    if layer == 0:
+        below = model.tok_emb(torch.tensor([scene.ids], dtype=torch.long, device=next(model.parameters()).device))
+    else:
+        below = scene.traces[layer - 1].h
+    h = trace_rnn(_layers(rnn, layer, layer + 1), below, intervene=zero_units(0, [unit]))[0].h
+    if layer + 1 < rnn.num_layers:
+        h = _layers(rnn, layer + 1, rnn.num_layers)(h)[0]
+    nats = _surprisal(model.head(h)[0].float(), scene.ids)
+    result = Knockout(layer, unit, _targets_bpc(nats, scene.chars), scene.bpc, (nats - scene.nats) / LN2)
+    scene.knockouts[(layer, unit)] = result
+    return result
+
+
+# ---- the command -----------------------------------------------------------------------------------------
+
+DEFAULT_CHARS = 600  # no text given: this much of the start of the corpus the run was trained on
+
+
+def load(ckpt: str, text: str | None, opts: ExploreOptions):
+    """(the checkpoint, the tokens of the text to explore): TEXT, else --prompt / --prompt-file / stdin, else
+    the start of the run's own corpus when it is still there."""
+    from charlm import checkpoint
+    from charlm.commands.generate import read_prompt
+
+    opts.validate()
+    if text is not None and (opts.prompt is not None or opts.prompt_file is not None):
+        raise ConfigError("give the text once: as the TEXT argument, --prompt or --prompt-file")
+    if text == "" or opts.prompt == "":
+        raise ConfigError("the text is empty: give the text to explore")
+    body = text if text is not None else read_prompt(opts)
+    ck = checkpoint.load(ckpt)
+    if not body:
+        body = corpus_start(ck)
+    ids = ck.tokenizer.encode(body, unknown=opts.unknown)
+    if not ids:
+        raise ConfigError("the text has no characters the model knows")
+    return ck, ids
+
+
+def corpus_start(ck) -> str:
+    """The first DEFAULT_CHARS characters of the corpus a run was trained on (a lab run's corpus.txt, else the
+    file the checkpoint names), or a clear error asking for a text."""
+    kept = ck.path.parent / "corpus.txt"
+    where = kept if kept.is_file() else ck.saved.corpus.path if ck.saved.corpus else None
+    try:
+        if where:
+            with open(where, encoding="utf-8", errors="replace") as f:
+                if body := f.read(DEFAULT_CHARS):
+                    return body
+    except OSError:
+        pass
+    raise ConfigError(
+        "no text to explore: give one, e.g. charlm explore RUN 'To be, or not to be' (or --prompt-file FILE)"
+    )
+
+
+def scene(model, tokenizer, ids: list[int]):
+    """Everything the explorer shows of a model on a text (AttentionScene or GateScene)."""
+    if not ids:
+        raise ConfigError("there is no text to explore: give one (charlm explore RUN 'some text')")
+    if "attention" in model.capabilities:
+        return attention_scene(model, tokenizer, ids)
+    if "gates" in model.capabilities:
+        return gate_scene(model, tokenizer, ids)
+    raise ConfigError(f"a {model.cfg.kind} has neither attention nor gates to explore")
+
+
+def knock(model, s, layer: int, which: int) -> Knockout:
+    """Take out a head (Transformer) or a unit (LSTM/GRU) and re-read the text."""
+    return knock_out(model, s, layer, which) if isinstance(s, AttentionScene) else zero_unit(model, s, layer, which)
