@@ -162,7 +162,7 @@ def test_transformer_refuses_to_run_past_its_context(positions):
 def test_rolling_cache_keeps_the_last_context_positions():
     """Past its context a rolling cache takes one token at a time, each overwriting the oldest; one
     query attends to every kept key whatever their order in the ring (checked against a full pass in
-    test_generate). Only RoPE can roll: absolute positions end at the context."""
+    test_generate, test_positions). Only RoPE and ALiBi roll: absolute positions end at the context."""
     model = tiny()
     x = tokens(t=20)
     cache = model.new_cache(B, rolling=True)

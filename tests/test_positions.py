@@ -188,3 +188,35 @@ def test_train_positions_round_trips_through_the_checkpoint(tmp_path, positions)
     assert r.exit_code == 0 and r.output.startswith("First")
     info = CliRunner().invoke(main, ["info", str(run), "--json"])
     assert info.exit_code == 0 and json.loads(info.stdout)["positions"] == positions
+
+
+# ---- lab positions ------------------------------------------------------------------------------------
+
+
+def test_the_perfect_copier_pays_for_the_symbols_and_the_length_only():
+    """Per line, the perfect copier's bits add up to log2 of the lengths it could have had plus log2 of the
+    symbols free at each draw (distinct symbols), and nothing for the copy and the newline after it."""
+    from charlm.lab import positions as lab
+
+    data = lab.corpus((1, 15), 3000, seed=0)
+    bits = lab.perfect_bits(data.text, (1, 15))
+    lines = data.text.split("\n")[1:-1]
+    at = len(lab.ALPHABET) + 1
+    for ln in lines:
+        n = ln.index(lab.SEP)
+        want = math.log2(15) + sum(math.log2(len(lab.SYMBOLS) - k) for k in range(n))
+        assert bits[at : at + len(ln) + 1].sum() == pytest.approx(want)
+        assert not bits[at + n + 1 : at + len(ln) + 1].any()  # the copy and its newline: free
+        at += len(ln) + 1
+    assert len(lines) > 100 and lab.order_blind_bits(1) == 0.0
+    assert lab.order_blind_bits(3) == pytest.approx(math.log2(6) / 3)
+
+
+@pytest.fixture(scope="module")
+def positions_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("positions")
+    r = CliRunner().invoke(
+        main, ["lab", "positions", "--quick", "--json", "--device", "cpu", "--out", str(out / "runs")]
+    )
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)

@@ -266,6 +266,11 @@ def result(raws: list[dict], s: dict, runs: list[str], seconds: float) -> LabRes
     )
 
 
+def _mean_blind(lo: int, hi: int) -> float:
+    """order_blind_bits over lines of N uniform in lo..hi, per copied symbol."""
+    return sum(math.log2(math.factorial(n)) for n in range(lo, hi + 1)) / sum(range(lo, hi + 1))
+
+
 def _spread(values: list[float]) -> dict:
     out = {"bits": statistics.fmean(values)}
     if len(values) > 1:
@@ -277,7 +282,7 @@ def _records(raws: list[dict], s: dict) -> list[dict]:
     lo, hi = s["lengths"]
     C = s["context"]
     guess = math.log2(len(SYMBOLS))
-    mean_blind = sum(math.log2(math.factorial(n)) for n in range(lo, hi + 1)) / sum(range(lo, hi + 1))
+    mean_blind = _mean_blind(lo, hi)
     out = []
     for pos in POSITIONS:
         rows = [(f"N {lo}-{hi}", None, mean_blind)] + [(f"N {n}", n, order_blind_bits(n)) for n in s["longer"]]
@@ -354,26 +359,27 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
     first = f"copied, N {lo}-{hi}"
     guess = math.log2(len(SYMBOLS))
     parts = [
-        f"Each encoding trained {s['steps']} steps (batch {s['batch_size']}, AdamW at a constant {s['lr']:g} after "
-        f"warm-up, the same for all) on lines of N = {lo}-{hi} distinct symbols copied after a separator; per "
-        f"copied symbol the perfect copier scores 0 bits, guessing {guess:.2f}."
+        f"Each encoding trained {s['steps']} steps (batch {s['batch_size']}, {s['optimizer'].capitalize()} at "
+        f"{s['lr']:g} with a cosine decay, the same settings for all) on lines of N = {lo}-{hi} distinct "
+        f"symbols copied after a separator; per copied symbol the perfect copier scores 0 bits, the order-blind "
+        f"shortcut {_mean_blind(lo, hi):.2f}, guessing {guess:.2f}."
     ]
-    top = [r["positions"] for r in summary if all(x is not None for x in r["plateau_step"])]
-    plateau = "; ".join(
-        f"{r['positions']} by step {max(r['plateau_step'])}" if r["positions"] in top else f"{r['positions']} not"
+    plateau = ", ".join(
+        f"{r['positions']} {max(r['plateau_step'])}" if None not in r["plateau_step"] else f"{r['positions']} never"
         for r in summary
     )
-    parts.append(
-        f"Within {PLATEAU} bits of the perfect copier on N = {lo}-{hi} {every} (the first evaluation, every "
-        f"{s['every']} steps, at which every seed was there): {plateau}. At the end: "
-        + ", ".join(f"{p} {at[(p, first)]['bits']:.3f}" for p in POSITIONS)
-        + "."
+    final = ", ".join(
+        f"{p} {at[(p, first)]['bits']:.3f}" + (f" (worst {at[(p, first)]['worst']:.3f})" if K > 1 else "")
+        for p in POSITIONS
     )
-    worst_final = {p: at[(p, first)].get("worst", at[(p, first)]["bits"]) for p in POSITIONS}
-    missing = [p for p in POSITIONS if worst_final[p] > PLATEAU]
+    parts.append(
+        f"Steps until {'every seed' if K > 1 else 'it'} first came within {PLATEAU} bits of the perfect copier "
+        f"on N = {lo}-{hi} (scored every {s['every']} steps): {plateau}; at the end, {every}: {final}."
+    )
+    missing = [p for p in POSITIONS if at[(p, first)].get("worst", at[(p, first)]["bits"]) > PLATEAU]
     if missing:
         parts.append(
-            f"{', '.join(map(_label, missing))} did not reach the plateau in every seed with this budget: "
+            f"{', '.join(map(_label, missing))} did not end on the plateau in every seed with this budget: "
             "its figures beyond the training lengths say less."
         )
     for p in POSITIONS:

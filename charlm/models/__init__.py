@@ -10,7 +10,7 @@ models/ tests which family it holds:
   Model.ACTIVATION_BYTES    saved activations per position × width × layer, for the memory estimate
   model.capabilities        what can be read off it: "attention" (maps, heads) or "gates" (an LSTM/GRU's)
   model.window              tokens it can see at once (None: no limit, an RNN's state)
-  model.rolling_cache       whether its cache can roll on past the window (a ring buffer; RoPE only)
+  model.rolling_cache       whether its cache can roll on past the window (a ring buffer; RoPE and ALiBi)
   model.decode(ids, cache)  logits after feeding ids into cache: the fastest path the family has
   model.hidden_matrices()   the 2-D weights inside the network (what Muon steps)
 """
