@@ -220,3 +220,41 @@ def positions_result(tmp_path_factory):
     )
     assert r.exit_code == 0, r.output
     return json.loads(r.output)
+
+
+def test_every_encoding_copies_in_order_within_its_context(positions_result):
+    """The plateau, with a margin: in context every encoding copies (measured at --quick size on seeds 0-1
+    of a Zen 4: 0.01-0.2 bits per copied symbol; the perfect copier 0), far below the order-blind
+    shortcut (1.3 bits: which symbols are left, not their order) and guessing (5.95)."""
+    rows = {(r["positions"], r["scored"]): r for r in positions_result["results"]}
+    for p in POSITIONS:
+        r = rows[(p, "copy N=1-7")]
+        assert r["perfect"] == 0.0 and r["guessing"] == pytest.approx(math.log2(62))
+        assert r["shortcut"] > 1.0
+        assert r["bits"] <= 0.4, p
+    summary = {r["positions"]: r for r in positions_result["details"]["summary"]}
+    assert set(summary) == set(POSITIONS)
+
+
+def test_no_encoding_beats_the_perfect_copier_on_text(positions_result):
+    """The perfect copier's figure is the text's entropy: a model can only come close to it from above."""
+    for r in positions_result["results"]:
+        if r["scored"].startswith("text ") and r["bits"] is not None:
+            assert r["bits"] >= r["perfect"] - 0.02, r
+            assert r["perfect"] < r["guessing"]
+
+
+def test_extrapolation_has_the_sign_the_literature_agrees_on(positions_result):
+    """Only signs, where published results agree (Press et al. 2022, "Train short, test long"): a learned
+    table cannot run past its context at all; on text in windows past the context, ALiBi loses less than
+    RoPE and sinusoidal positions (measured at --quick size, seeds 0-1: +1.2 against +3.6-3.8 bits/char at
+    4x); and no encoding copies a line twice the longest it trained on as well as those (8-14 bits against
+    0.005-0.02)."""
+    rows = {(r["positions"], r["scored"]): r["bits"] for r in positions_result["results"]}
+    C = positions_result["settings"]["context"]
+    assert rows[("learned", "copy N=15")] is None and rows[("learned", f"text {2 * C}")] is None
+    assert "Learned cannot run past 16 tokens" in positions_result["reading"]
+    gain = {p: rows[(p, f"text {4 * C}")] - rows[(p, f"text {C}")] for p in ("alibi", "rope", "sinusoidal")}
+    assert gain["alibi"] < min(gain["rope"], gain["sinusoidal"])
+    for p in ("rope", "alibi", "nope", "sinusoidal"):
+        assert rows[(p, "copy N=15")] > rows[(p, "copy N=1-7")]

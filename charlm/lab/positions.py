@@ -7,18 +7,19 @@ every line, so that no fixed offset finds the symbol to copy; the symbols are di
 by content (find the current symbol, read the one after it) is exact. Every character is a training
 target, each training window starts at a line, and the context holds the longest line.
 
-Every encoding gets the same model, optimizer, learning rate and budget of steps (one learning rate, tried
-for all of them alike, not tuned per encoding). The in-context score is measured every `every` steps, so
-the table says when each encoding reached its plateau, not only where it ended.
+Every encoding gets the same model (3 layers: with 2, NoPE stalled far from copying), PyTorch's own init,
+optimizer (Muon), learning rate, cosine schedule and budget of steps: one recipe, tried for all of them
+alike, not tuned per encoding. The in-context score is measured every `every` steps, so the summary says
+when each encoding reached its plateau, not only where it ended.
 
 Scored, with the perfect copier, the order-blind shortcut and guessing beside every figure:
-  copied, N   bits per copied symbol on fresh lines of N symbols, each line alone from the window's
+  copy N=…    bits per copied symbol on fresh lines of N symbols, each line alone from the window's
               start: perfect 0; the shortcut knows which symbols are left but not their order (log2 of
               how many are left); guessing is log2 of the alphabet. N past the training lengths needs a
               context past the training context: the model is rebuilt longer with the same weights
               (RoPE's angles, ALiBi's biases and the sinusoidal table are computed for any position; a
               learned table has no rows there: n/a).
-  text, W     bits per character of fresh text (lines of the training lengths) in windows of W tokens,
+  text W      bits per character of fresh text (lines of the training lengths) in windows of W tokens,
               each from a line's start: the perfect copier pays for the first half of each line and
               where it ends, nothing for the copy; W past the context asks for positions beyond it
               with distances already seen.
@@ -73,8 +74,8 @@ DEFAULTS = dict(
     eval_chars=20_000,
 )
 QUICK = dict(
-    lengths=(1, 7), context=16, longer=(12, 15, 30), steps=600, every=150, d_model=48, train_chars=60_000,
-    eval_examples=120, eval_chars=6_000,
+    lengths=(1, 7), context=16, longer=(10, 15, 31), steps=600, every=100, d_model=48, train_chars=150_000,
+    eval_examples=140, eval_chars=8_000,
 )  # fmt: skip
 PLATEAU = 0.1  # bits per copied symbol within which an encoding counts as copying (the perfect copier: 0)
 
@@ -266,6 +267,10 @@ def result(raws: list[dict], s: dict, runs: list[str], seconds: float) -> LabRes
     )
 
 
+def _copy(what: str) -> str:
+    return "copy N=" + what.removeprefix("N ")  # "copy N=1-15", "copy N=20"
+
+
 def _mean_blind(lo: int, hi: int) -> float:
     """order_blind_bits over lines of N uniform in lo..hi, per copied symbol."""
     return sum(math.log2(math.factorial(n)) for n in range(lo, hi + 1)) / sum(range(lo, hi + 1))
@@ -274,8 +279,12 @@ def _mean_blind(lo: int, hi: int) -> float:
 def _spread(values: list[float]) -> dict:
     out = {"bits": statistics.fmean(values)}
     if len(values) > 1:
-        out |= {"worst": max(values), "per_seed": [round(v, 3) for v in values]}
+        out["per_seed"] = [round(v, 3) for v in values]
     return out
+
+
+def _worst(r: dict) -> float:
+    return max(r.get("per_seed") or [r["bits"]])
 
 
 def _records(raws: list[dict], s: dict) -> list[dict]:
@@ -285,17 +294,17 @@ def _records(raws: list[dict], s: dict) -> list[dict]:
     mean_blind = _mean_blind(lo, hi)
     out = []
     for pos in POSITIONS:
-        rows = [(f"N {lo}-{hi}", None, mean_blind)] + [(f"N {n}", n, order_blind_bits(n)) for n in s["longer"]]
+        rows = [(f"N {lo}-{hi}", hi, mean_blind)] + [(f"N {n}", n, order_blind_bits(n)) for n in s["longer"]]
         for what, n, blind in rows:
             got = [r["scores"][pos][what] for r in raws]
             if got[0] is None:
-                out.append(record(positions=pos, scored=f"copied, {what}", length=n, bits=None))
+                out.append(record(positions=pos, scored=_copy(what), length=n, bits=None))
                 continue
             out.append(
                 record(
                     positions=pos,
-                    scored=f"copied, {what}",
-                    length=n if n is not None else hi,
+                    scored=_copy(what),
+                    length=n,
                     **_spread([b for b, _ in got]),
                     right=statistics.fmean(a for _, a in got),
                     perfect=0.0,
@@ -306,12 +315,12 @@ def _records(raws: list[dict], s: dict) -> list[dict]:
         for m in s["windows"]:
             got = [r["scores"][pos][f"text {m * C}"] for r in raws]
             if got[0] is None:
-                out.append(record(positions=pos, scored=f"text, {m * C} tokens", bits=None))
+                out.append(record(positions=pos, scored=f"text {m * C}", bits=None))
                 continue
             out.append(
                 record(
                     positions=pos,
-                    scored=f"text, {m * C} tokens",
+                    scored=f"text {m * C}",
                     **_spread([b for b, _ in got]),
                     perfect=statistics.fmean(p for _, p in got),
                     guessing=math.log2(len(ALPHABET) + 1),
@@ -322,7 +331,7 @@ def _records(raws: list[dict], s: dict) -> list[dict]:
 
 def _summary(raws: list[dict], s: dict) -> list[dict]:
     """Per encoding: every seed's first evaluation step at which the in-context score came within PLATEAU of
-    the perfect copier (None: never), and the seconds a seed took to train and score it."""
+    the perfect copier (None: never), and the seconds a seed took to train and score it (wall time)."""
     out = []
     for pos in POSITIONS:
         reached = [
@@ -332,7 +341,7 @@ def _summary(raws: list[dict], s: dict) -> list[dict]:
             record(
                 positions=pos,
                 plateau_step=reached,
-                seconds_a_seed=statistics.fmean(r["seconds"][pos] for r in raws),
+                train_seconds=statistics.fmean(r["seconds"][pos] for r in raws),  # --json only: not in the table
             )
         )
     return out
@@ -342,12 +351,15 @@ def _label(p: str) -> str:
     return {"rope": "RoPE", "alibi": "ALiBi", "nope": "NoPE"}.get(p, p.capitalize())
 
 
-WHY = {
-    "rope": "it turns queries and keys by their positions, so a score depends only on the distance",
-    "alibi": "its penalty grows with distance, so far keys fade and what is near is read as in training",
-    "nope": "it has no position signal at all and reads order only through the causal mask",
+WHY = {  # one sentence each: the mechanism the numbers beside it point to
+    "rope": "its scores depend on the distance between two tokens, and a longer line puts the symbol to copy "
+    "farther back than any distance it learned to read",
+    "alibi": "its penalty grows with distance, so keys farther back than any it saw weigh little and what is near "
+    "reads as in training",
+    "nope": "without positions it reads order by counting tokens through the causal mask, and a longer line or "
+    "window asks for counts it never made",
     "learned": "its table has a row for each position of the context and none beyond",
-    "sinusoidal": "it adds a vector for each absolute position, and positions past the context are new inputs",
+    "sinusoidal": "it adds a vector for each absolute position, and those past the context are inputs it never saw",
 }
 
 
@@ -356,7 +368,7 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
     at = {(r["positions"], r["scored"]): r for r in records}
     K = len(next(iter(summary))["plateau_step"])
     every = f"in {K} of {K} seeds" if K > 1 else "(one seed)"
-    first = f"copied, N {lo}-{hi}"
+    first = f"copy N={lo}-{hi}"
     guess = math.log2(len(SYMBOLS))
     parts = [
         f"Each encoding trained {s['steps']} steps (batch {s['batch_size']}, {s['optimizer'].capitalize()} at "
@@ -369,14 +381,14 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
         for r in summary
     )
     final = ", ".join(
-        f"{p} {at[(p, first)]['bits']:.3f}" + (f" (worst {at[(p, first)]['worst']:.3f})" if K > 1 else "")
+        f"{p} {at[(p, first)]['bits']:.3f}" + (f" (worst {_worst(at[(p, first)]):.3f})" if K > 1 else "")
         for p in POSITIONS
     )
     parts.append(
         f"Steps until {'every seed' if K > 1 else 'it'} first came within {PLATEAU} bits of the perfect copier "
         f"on N = {lo}-{hi} (scored every {s['every']} steps): {plateau}; at the end, {every}: {final}."
     )
-    missing = [p for p in POSITIONS if at[(p, first)].get("worst", at[(p, first)]["bits"]) > PLATEAU]
+    missing = [p for p in POSITIONS if _worst(at[(p, first)]) > PLATEAU]
     if missing:
         parts.append(
             f"{', '.join(map(_label, missing))} did not end on the plateau in every seed with this budget: "
@@ -389,18 +401,19 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
 
 def _extrapolation(p: str, at: dict, s: dict) -> str:
     C, hi = s["context"], s["lengths"][1]
-    if at[(p, f"copied, N {s['longer'][0]}")]["bits"] is None:
+    if at[(p, f"copy N={s['longer'][0]}")]["bits"] is None:
         return f"{_label(p)} cannot run past {C} tokens: {WHY[p]}."
     far = hi  # the longest N copied within PLATEAU in every seed, every shorter one tried too
     for n in s["longer"]:
-        r = at[(p, f"copied, N {n}")]
-        if r.get("worst", r["bits"]) > PLATEAU:
+        if _worst(at[(p, f"copy N={n}")]) > PLATEAU:
             break
         far = n
-    copy = ", ".join(f"{at[(p, f'copied, N {n}')]['bits']:.2f} at N={n}" for n in s["longer"])
-    inside = at[(p, f"text, {C} tokens")]["bits"]
-    text = ", ".join(
-        f"{at[(p, f'text, {m * C} tokens')]['bits'] - inside:+.2f} at {m * C}" for m in s["windows"] if m > 1
+    copy = ", ".join(f"{at[(p, f'copy N={n}')]['bits']:.2f} at N={n}" for n in s["longer"])
+    inside = at[(p, f"text {C}")]["bits"]
+    text = ", ".join(f"{at[(p, f'text {m * C}')]['bits'] - inside:+.2f} at {m * C}" for m in s["windows"] if m > 1)
+    how = (
+        f"copies lines up to N={far} within {PLATEAU} bits"
+        if far > hi
+        else f"copies no longer line within {PLATEAU} bits"
     )
-    how = f"copies lines up to N={far} within {PLATEAU} bits" if far > hi else "copies no longer line within it"
     return f"{_label(p)} {how} ({copy} bits per copied symbol); on text, {text} bits/char against {C} tokens: {WHY[p]}."
