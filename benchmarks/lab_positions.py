@@ -52,9 +52,10 @@ def print_combined(out: Path, seeds: list[int], cpu: dict) -> None:
     raws = [raw for p in parts for raw in p["details"]["raw"]]
     s = {k: tuple(v) if isinstance(v, list) and k in ("lengths", "longer", "windows") else v
          for k, v in parts[0]["settings"].items()}  # fmt: skip
-    runs = [run for p in parts for run in p["runs"]]
-    result = positions.result(raws, s, runs, sum(p["seconds"] for p in parts))
-    console = Console(width=110, record=True)
+    runs = [os.path.relpath(run, out) for p in parts for run in p["runs"]]  # as --out DIR shows them
+    # "in all": the seeds' CPU seconds where measured (their wall seconds count the wait for a busy CPU)
+    result = positions.result(raws, s, runs, sum(cpu.values()) or sum(p["seconds"] for p in parts))
+    console = Console(width=110, record=True, soft_wrap=False)
     render_lab(console, result, color=False)
     console.print(
         "CPU seconds a seed (user + system): " + ", ".join(f"seed {k} {cpu[k]:.0f}" for k in seeds if k in cpu)
