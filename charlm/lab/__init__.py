@@ -26,7 +26,8 @@ EXPERIMENTS = {
     "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
 }
 NEEDS_CKPT = ("heads", "ablate")
-SEEDED = ("copy", "recall", "capacity", "induction", "positions")  # the ones that train models: --seeds K trains K per cell
+# the ones that train models: --seeds K trains K per cell
+SEEDED = ("copy", "recall", "capacity", "induction", "positions")
 
 
 def run_experiment(
