@@ -224,7 +224,7 @@ def positions_result(tmp_path_factory):
 
 def test_every_encoding_copies_in_order_within_its_context(positions_result):
     """The plateau, with a margin: in context every encoding copies (measured at --quick size on seeds 0-1
-    of a Zen 4: 0.01-0.2 bits per copied symbol; the perfect copier 0), far below the order-blind
+    of a Zen 4: 0.003-0.02 bits per copied symbol; the perfect copier 0), far below the order-blind
     shortcut (1.3 bits: which symbols are left, not their order) and guessing (5.95)."""
     rows = {(r["positions"], r["scored"]): r for r in positions_result["results"]}
     for p in POSITIONS:
