@@ -159,6 +159,8 @@ def drop_heads(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) ->
     A = H * hs
     if not 0 <= k < H:
         raise ConfigError(f"--drop-heads must be below the {H} heads of each layer, got {k}")
+    if k and cfg.positions == "alibi":  # each head's slope is set by its place among n_heads: others would shift
+        raise ConfigError("--drop-heads cannot prune an ALiBi model (its slopes follow the number of heads)")
     state, dropped = dict(state), []
     for layer in range(cfg.n_layers):
         gone = sorted(int(h) for h in np.argsort(importance[layer], kind="stable")[:k])

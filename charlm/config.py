@@ -34,7 +34,7 @@ FAMILIES = {
     "gru": "charlm.models.rnn.RNN",
 }
 MODEL_KINDS = tuple(FAMILIES)
-POSITIONS = ("rope", "learned", "sinusoidal")
+POSITIONS = ("rope", "alibi", "nope", "learned", "sinusoidal")
 TOKENIZERS = ("char", "bpe")
 PRESETS = ("tiny", "small", "medium")
 OPTIMIZERS = ("muon", "adamw")
@@ -226,7 +226,12 @@ class ModelConfig:
     context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True, section="Model")
     dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True, section="Model")
     positions: str = flag(
-        "rope", "Transformer positions.", choices=POSITIONS, applies_to="transformer", section="Model"
+        "rope",
+        "Transformer positions: rope (rotated queries and keys: relative), alibi (a per-head penalty linear in "
+        "distance: relative), nope (none: the causal mask alone), learned or sinusoidal (vectors added: absolute).",
+        choices=POSITIONS,
+        applies_to="transformer",
+        section="Model",
     )
     mlp_ratio: int = internal(4, applies_to="transformer")  # MLP hidden = mlp_ratio * d_model
     # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and

@@ -278,3 +278,17 @@ def test_info_and_runs_read_a_compressed_run_without_torch(compressed):
 
     assert imported("info", compressed["tf"]) == []
     assert imported("runs", compressed["tf"].parent, "--json") == []
+
+
+def test_an_alibi_model_keeps_its_heads():
+    """ALiBi's slope of head h follows from h and the number of heads: dropping one would change the others'."""
+    import numpy as np
+
+    from charlm.compress import drop_heads
+    from charlm.config import ConfigError, ModelConfig
+
+    cfg = ModelConfig(
+        kind="transformer", vocab_size=11, n_layers=1, d_model=16, n_heads=4, context=8, positions="alibi"
+    )
+    with pytest.raises(ConfigError, match="cannot prune an ALiBi model"):
+        drop_heads(cfg, {}, np.zeros((1, 4)), 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from charlm.config import ModelConfig
+from charlm.config import POSITIONS, ModelConfig
 from charlm.generate import Streamer
 from charlm.models import build_model
 from charlm.models.fast_decode import FastDecoder
@@ -97,7 +97,7 @@ def decode_all(model, ids: list[int], prefill: int) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+@pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("prefill", [1, 7])
 def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill):
     model = model_of(positions)
@@ -179,10 +179,11 @@ def test_refuses_to_run_past_the_context():
             FastDecoder(model, cache).step(0)
 
 
-def test_rolling_cache_fast_equals_torch_far_past_the_context():
+@pytest.mark.parametrize("positions", ["rope", "alibi"])  # the relative ones: their cache rolls
+def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
     """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
     contents (ring order included) as torch's one-token steps, at every position."""
-    model = model_of(context=8)
+    model = model_of(positions, context=8)
     ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
     decoder = FastDecoder(model, fast_cache)

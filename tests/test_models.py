@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import saved_model
 
-from charlm.config import ConfigError, ModelConfig, TrainConfig, parse_duration, preset
+from charlm.config import POSITIONS, ConfigError, ModelConfig, TrainConfig, parse_duration, preset
 from charlm.models import build_model, count_params, param_shapes
 from charlm.models.rnn import RNN
 from charlm.models.transformer import Transformer
@@ -21,6 +21,8 @@ KINDS = [
     ("transformer", "rope"),
     ("transformer", "learned"),
     ("transformer", "sinusoidal"),
+    ("transformer", "alibi"),
+    ("transformer", "nope"),
     ("lstm", None),
     ("gru", None),
 ]
@@ -82,7 +84,7 @@ def test_the_family_interface(kind, positions):
     model = tiny(kind, positions)
     assert model.capabilities in ({"attention"}, {"gates"})
     assert (model.window is None) == (kind != "transformer")
-    assert model.rolling_cache == (positions == "rope" and kind == "transformer")
+    assert model.rolling_cache == (positions in ("rope", "alibi") and kind == "transformer")  # relative ones
     hidden = {id(p) for p in model.hidden_matrices()}
     inside = {id(p) for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith(("tok_emb", "pos_emb"))}
     assert hidden and hidden == inside - {id(model.head.weight)}  # not the embeddings, not the output head
@@ -146,7 +148,7 @@ def test_cached_decoding_equals_full_forward(kind, positions):
     torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+@pytest.mark.parametrize("positions", POSITIONS)
 def test_transformer_refuses_to_run_past_its_context(positions):
     model = tiny("transformer", positions)
     with pytest.raises(ValueError, match="exceed the model's context of 16"):
@@ -160,7 +162,7 @@ def test_transformer_refuses_to_run_past_its_context(positions):
 def test_rolling_cache_keeps_the_last_context_positions():
     """Past its context a rolling cache takes one token at a time, each overwriting the oldest; one
     query attends to every kept key whatever their order in the ring (checked against a full pass in
-    test_generate). Only RoPE can roll: absolute positions end at the context."""
+    test_generate, test_positions). Only RoPE and ALiBi roll: absolute positions end at the context."""
     model = tiny()
     x = tokens(t=20)
     cache = model.new_cache(B, rolling=True)
@@ -178,7 +180,7 @@ def test_rolling_cache_keeps_the_last_context_positions():
         tiny("transformer", "learned").new_cache(1, rolling=True)
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+@pytest.mark.parametrize("positions", POSITIONS)
 def test_attention_capture(positions):
     model = tiny("transformer", positions)
     x = tokens()
@@ -251,7 +253,7 @@ BAD_MODEL = [
     (dict(dropout=1.5), r"--dropout must be in \[0, 1\)"),
     (dict(dropout=float("nan")), r"--dropout must be in \[0, 1\)"),
     (dict(kind="mamba"), "unknown model 'mamba'"),
-    (dict(positions="alibi"), "unknown --positions 'alibi'"),
+    (dict(positions="xpos"), "unknown --positions 'xpos'"),
     (dict(vocab_size=1), "vocabulary size must be at least 2"),
 ]
 

@@ -23,10 +23,11 @@ EXPERIMENTS = {
     "cost": "time per generated token and per training step as the context grows, with fitted exponents",
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
-    "positions": "RoPE, learned and sinusoidal positions: bits/char inside and beyond the training context",
+    "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
 }
 NEEDS_CKPT = ("heads", "ablate")
-SEEDED = ("copy", "recall", "capacity", "induction")  # the ones that train models: --seeds K trains K per cell
+# the ones that train models: --seeds K trains K per cell
+SEEDED = ("copy", "recall", "capacity", "induction", "positions")
 
 
 def run_experiment(

@@ -15,7 +15,7 @@ tests/test_extensions.py checks it for every registered family:
   capabilities              a frozenset: "attention" (maps, heads: models/probes.py) and/or "gates" (an
                             LSTM/GRU's gate traces); empty when nothing can be read off it
   window                    tokens it can see at once (None: no limit, as an RNN's state)
-  rolling_cache             whether its cache can roll on past the window (a ring buffer)
+  rolling_cache             whether its cache can roll on past the window (a ring buffer; RoPE and ALiBi)
   ACTIVATION_BYTES          saved activations per position × width × layer, for the memory estimate
 
 and, beside the class: shapes.SHAPES[kind](cfg) gives {name: shape} of its state dict by arithmetic and

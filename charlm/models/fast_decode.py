@@ -4,7 +4,8 @@ when it can (batch 1, CPU, float32, eval mode).
 Why a second implementation: at chat sizes a token costs ~100 tiny ops, and torch spends 5-10 µs
 dispatching each one against ~1 µs for numpy: streaming at nanoGPT size runs ~7x faster than with
 torch's one-token step (benchmarks/RESULTS.md, "Generation").
-The arithmetic is Transformer.forward's (rope as one matrix, RMSNorm's scalar in Python floats);
+The arithmetic is Transformer.forward's (rope as one matrix, ALiBi's bias as a view of one table, RMSNorm's
+scalar in Python floats);
 tests compare the two block by block at every position.
 
 FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=cache) for one token
@@ -68,12 +69,17 @@ class FastDecoder:
         self.att_rows, self.y_rows = self.att.transpose(0, 2, 1), self.y.reshape(nh, 1, hs)  # views for att @ values
         self.h = np.empty(model.blocks[0].mlp.fc.weight.shape[0], f32)  # the MLP's hidden layer
         self.scale = 1.0 / math.sqrt(hs)
-        self.pos_table = self.rope = None
+        self.pos_table = self.rope = self.alibi = None
         if cfg.positions == "learned":
             self.pos_table = _np(model.pos_emb.weight)
         elif cfg.positions == "sinusoidal":
             self.pos_table = _np(model.pos_table)
-        else:
+        elif cfg.positions == "alibi":
+            # alibi_bias by slot, as one table (nh, 2 slots): column j is -slope * ((-j) mod slots), so that at
+            # position pos the columns from (-pos) mod slots on give slot s its distance (pos - s) mod slots
+            d = torch.arange(2 * slots) % slots
+            self.alibi = _np(-(model.alibi_slopes[:, None] * ((-d) % slots).float()))
+        elif cfg.positions == "rope":
             self.rope = _rope_matrix(_np(model.rope_cos), _np(model.rope_sin))
             self.qk_rot = np.empty_like(self.qk)  # q and k rotated
             self.inv_freq = rope_inv_freq(hs).numpy()
@@ -125,6 +131,9 @@ class FastDecoder:
             np.multiply(qk[:nh], self.scale, out=q_rows)
             k_at[slot], v_at[slot] = qk[nh:], self.v_new
             np.matmul(keys, q, out=att)  # (nh, slots, hs) @ (nh, hs, 1): keys in ring order once rolled
+            if self.alibi is not None:
+                o = (-pos) % slots
+                np.add(a, self.alibi[:, o : o + slots], out=a)
             if n_keys < slots:
                 a[:, n_keys:] = -np.inf  # slots not filled yet (zeros, or a reset cache's old keys)
             np.subtract(a, np.maximum.reduce(a, 1, None, m, True), out=a)  # softmax over the slots, in place

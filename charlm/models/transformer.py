@@ -1,6 +1,11 @@
 """A GPT-style decoder: token embedding (+ positions), N pre-norm blocks of causal self-attention and
 an MLP, a final norm and an output head tied to the embedding (or its own: ModelConfig.tied).
 
+Positions (ModelConfig.positions): learned or sinusoidal vectors added to the embeddings (absolute);
+rope turns queries and keys by their position, so a score depends on the distance between two tokens;
+alibi adds -slope * distance to each head's scores (Press et al. 2022, a slope per head); nope gives
+no position at all (the causal mask alone lets a model count what came before).
+
 forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
   cache: a KVCache; the new tokens are appended to it and attend to everything it keeps.
   attn:  a list; when given, every layer appends its attention weights (B, n_heads, T, T_keys).
@@ -21,10 +26,11 @@ class KVCache:
     """Keys and values of every layer, pre-allocated for `slots` positions (the model's context).
 
     `pos` is how many positions have been fed. The model writes layer by layer and advances `pos` once
-    per forward call, after the last layer. A rolling cache (RoPE models only) goes on past its slots,
-    one token at a time: each new position overwrites the oldest (a ring buffer), so it always holds
-    the last `slots` positions. Keys are stored already rotated to their position, so a query sees
-    every kept key at its true distance, never more than the context the model was trained on.
+    per forward call, after the last layer. A rolling cache (relative positions: RoPE, ALiBi) goes on
+    past its slots, one token at a time: each new position overwrites the oldest (a ring buffer), so it
+    always holds the last `slots` positions. RoPE keys are stored already rotated to their position and
+    ALiBi's bias is computed from each slot's distance, so a query sees every kept key at its true
+    distance, never more than the context the model was trained on.
     """
 
     def __init__(
@@ -88,6 +94,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's slope per head (Press et al. 2022): the geometric series 2^(-8/n), 2^(-16/n), ... for n a
+    power of two; otherwise that of the power of two below n, then every other slope of the one above."""
+
+    def series(n):
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    below = 2 ** int(math.log2(n_heads))
+    slopes = series(below) + series(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, start: int, T: int, keys: int, slots: int | None = None) -> torch.Tensor:
+    """The additive attention mask (nh, T, keys) of T queries at positions start.. over `keys` keys:
+    -slope * distance, and -inf for a key after its query. slots: a rolled cache (one query, keys in
+    ring order), where the slot s holds the position that is (start - s) mod slots before the query."""
+    at = slopes.device
+    if slots is not None:
+        distance = ((start - torch.arange(slots, device=at)) % slots)[None, :]  # (1, slots)
+    else:
+        distance = torch.arange(start, start + T, device=at)[:, None] - torch.arange(keys, device=at)[None, :]
+    bias = -(slopes[:, None, None] * distance.float())  # (nh, T, keys)
+    return bias.masked_fill(distance < 0, float("-inf"))
+
+
 def sinusoidal_table(d_model: int, max_len: int) -> torch.Tensor:
     pos = torch.arange(max_len, dtype=torch.float32)[:, None]
     div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
@@ -107,7 +138,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, cache: KVCache | None, attn: list | None):
+    def forward(self, x, rope, bias, cache: KVCache | None, attn: list | None):
         B, T, _ = x.size()
         A = self.n_heads * self.head_size  # d_model, unless heads were dropped (charlm compress)
         q, k, v = self.qkv(x).split(A, dim=2)
@@ -120,26 +151,31 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
         past = k.size(2) - T  # keys before these queries
         if attn is None:
-            y = self._sdpa(q, k, v, past)
+            y = self._sdpa(q, k, v, past, bias)
         else:
-            y, weights = self._explicit(q, k, v, past)
+            y, weights = self._explicit(q, k, v, past, bias)
             attn.append(weights)
         y = y.transpose(1, 2).contiguous().view(B, T, A)
         return self.resid_drop(self.proj(y))
 
-    def _sdpa(self, q, k, v, past):
+    def _sdpa(self, q, k, v, past, bias):
         p = self.dropout if self.training else 0.0
         T = q.size(2)
+        if bias is not None:  # ALiBi: the distances and the causal mask in one float mask (nh, T, keys)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p)
         if past == 0:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         if T == 1:  # one new token sees every cached one: no mask needed
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, past, q.device), dropout_p=p)
 
-    def _explicit(self, q, k, v, past):
+    def _explicit(self, q, k, v, past, bias):
         # the same attention, written out so its weights can be shown: softmax(QK^T / sqrt(d) + mask)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, past + T)
-        scores = scores.masked_fill(~causal_mask(q.size(2), past, q.device), float("-inf"))
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        else:
+            scores = scores.masked_fill(~causal_mask(q.size(2), past, q.device), float("-inf"))
         weights = F.softmax(scores, dim=-1)
         return weights @ v, weights
 
@@ -169,8 +205,8 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, cache, attn):
-        x = x + self.attn(self.norm1(x), rope, cache, attn)
+    def forward(self, x, rope, bias, cache, attn):
+        x = x + self.attn(self.norm1(x), rope, bias, cache, attn)
         return x + self.mlp(self.norm2(x))
 
 
@@ -186,10 +222,13 @@ class Transformer(nn.Module):
             self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(cfg.d_model, cfg.context), persistent=False)
-        else:
+        elif cfg.positions == "rope":
             cos, sin = rope_tables(cfg.head_size, cfg.context)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        elif cfg.positions == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        # nope: nothing
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -207,7 +246,9 @@ class Transformer(nn.Module):
 
     @property
     def rolling_cache(self) -> bool:
-        return self.cfg.positions == "rope"  # relative positions: cached keys keep their meaning as it rolls
+        # relative positions: cached keys keep their meaning as it rolls (a NoPE model reads position from
+        # how many tokens its window holds, so it starts again from the last context tokens, as absolute ones)
+        return self.cfg.positions in ("rope", "alibi")
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         return [p for b in self.blocks for p in b.parameters() if p.dim() == 2]
@@ -226,8 +267,8 @@ class Transformer(nn.Module):
     def new_cache(self, batch_size: int = 1, device=None, dtype=None, rolling: bool = False) -> KVCache:
         p = self.tok_emb.weight
         c = self.cfg
-        if rolling and c.positions != "rope":
-            raise ValueError(f"a rolling cache needs relative positions (rope), not {c.positions}")
+        if rolling and not self.rolling_cache:
+            raise ValueError(f"a rolling cache needs relative positions (rope, alibi), not {c.positions}")
         return KVCache(
             c.n_layers,
             batch_size,
@@ -245,18 +286,21 @@ class Transformer(nn.Module):
         if not (cache.fits(T) if cache is not None else T <= self.cfg.context):
             raise ValueError(f"{start + T} positions exceed the model's context of {self.cfg.context}")
         x = self.tok_emb(idx)  # (B, T, C)
-        rope = None
-        if self.cfg.positions == "learned":
+        rope = bias = None
+        positions, rolled = self.cfg.positions, start + T > self.cfg.context  # rolled: a rolling cache, past its slots
+        if positions == "learned":
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
-        elif self.cfg.positions == "sinusoidal":
+        elif positions == "sinusoidal":
             x = x + self.pos_table[start : start + T]
-        elif start + T <= self.cfg.context:
+        elif positions == "rope" and not rolled:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
-        else:  # a rolling cache, past the table
+        elif positions == "rope":  # past the table
             rope = tuple(t.to(self.rope_cos) for t in rope_at(self.cfg.head_size, start, T))
+        elif positions == "alibi":
+            bias = alibi_bias(self.alibi_slopes, start, T, start + T, self.cfg.context if rolled else None)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, rope, cache, attn)
+            x = block(x, rope, bias, cache, attn)
         if cache is not None:
             cache.pos += T
         logits = self.head(self.norm(x))  # (B, T, vocab)
