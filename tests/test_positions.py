@@ -123,7 +123,7 @@ def test_streaming_past_the_context_equals_recomputation(positions, fast):
     text = list(gen.ids)
     got, want = [], []
     for _ in range(60):
-        got.append(gen.next_logits())
+        got.append(torch.as_tensor(gen.next_logits()))
         with torch.no_grad():
             if positions == "nope":
                 want.append(reference_logits(model, text[-16:])[-1])
