@@ -5,6 +5,7 @@ torch at the top: --help, argument errors and the commands that only read files 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -19,7 +20,17 @@ from click.core import ParameterSource
 from charlm import config, runs
 from charlm.commands import failure, user_errors
 from charlm.flags import CharlmCommand, config_options, from_flags
-from charlm.views.text import PipeClosed, err_console, out_console, print_error, print_json, print_notes, safe
+from charlm.views.text import (
+    Loading,
+    PipeClosed,
+    err_console,
+    keys_unechoed,
+    out_console,
+    print_error,
+    print_json,
+    print_notes,
+    safe,
+)
 
 _AS_PROGRAM = False  # main() runs as the charlm process itself (not called in-process, as tests do)
 
@@ -86,7 +97,7 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(package_name="charlm")
+@click.version_option(None, "-V", "--version", package_name="charlm")
 @click.pass_context
 def main(ctx):
     """Train small character- and BPE-level language models (LSTM, GRU, Transformer) on any text file,
@@ -96,6 +107,20 @@ def main(ctx):
     Every command has --help, with examples."""
     if ctx.invoked_subcommand is None:  # bare `charlm`: the help, as a successful answer
         click.echo(ctx.get_help())
+
+
+@main.command(name="help", short_help="Show a command's --help: charlm help train.")
+@click.argument("name", required=False, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx, name):
+    """Show a command's --help (charlm help train), or the list of commands."""
+    group = ctx.parent.command
+    if name is None:
+        return click.echo(ctx.parent.get_help())
+    cmd = group.get_command(ctx, name)
+    if cmd is None:
+        group.resolve_command(ctx, [name])  # an unknown name: the error, with what it may have meant
+    click.echo(cmd.get_help(click.Context(cmd, info_name=name, parent=ctx.parent)))
 
 
 def command(*configs, name: str | None = None, args=(), json: bool = False, defaults=None, **kw):
@@ -108,6 +133,19 @@ def command(*configs, name: str | None = None, args=(), json: bool = False, defa
 
 def path_argument(name: str, **kw) -> click.Argument:
     return click.Argument([name], type=click.Path(path_type=str), **kw)
+
+
+# the text as an argument, as ollama, llm and litgpt take it (charlm sample RUN "ROMEO:"); -p keeps working
+PROMPT_ARGUMENT = click.Argument(["text"], required=False, metavar="[PROMPT]")
+
+
+def positional_prompt(text: str | None, flags: dict) -> dict:
+    """flags with the PROMPT argument as --prompt."""
+    if text is None:
+        return flags
+    if flags.get("prompt") is not None or flags.get("prompt_file") is not None:
+        raise config.ConfigError("give the text once: as an argument, or with --prompt/--prompt-file")
+    return {**flags, "prompt": text}
 
 
 @command(
@@ -156,20 +194,25 @@ def train(ctx, corpus, **flags):
     config.PromptOptions,
     config.SampleConfig,
     config.SampleOptions,
-    args=[path_argument("ckpt")],
+    args=[path_argument("ckpt"), PROMPT_ARGUMENT],
     defaults={"max_tokens": 500},
 )
-def sample(ckpt, **flags):
-    """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
+def sample(ckpt, text, **flags):
+    """Continue a prompt with CKPT (a run name, run directory or checkpoint file), streaming plain text to
+    stdout (ready for pipes). The prompt: PROMPT, --prompt, --prompt-file or stdin."""
+    flags = positional_prompt(text, flags)
     where, settings, opts = (
         from_flags(c, flags) for c in (config.PromptOptions, config.SampleConfig, config.SampleOptions)
     )
-    from charlm.commands.generate import read_prompt
-    from charlm.commands.generate import sample as generate
-    from charlm.generate import Stats
-    from charlm.views.chat import print_samples
+    with Loading(f"loading {ckpt}"):
+        from charlm.commands.generate import read_prompt
+        from charlm.commands.generate import sample as generate
+        from charlm.generate import Stats
+        from charlm.views.chat import print_samples
 
-    done = print_samples(out_console(), generate(ckpt, read_prompt(where), settings, opts), opts.echo)
+        samples = generate(ckpt, read_prompt(where), settings, opts)
+        first = next(samples)  # the model loaded and the prompt read
+    done = print_samples(out_console(), itertools.chain([first], samples), opts.echo)
     if opts.stats:
         stats = {**Stats.total(done).to_dict(), "samples": opts.num_samples, "cache": not opts.no_cache}
         click.echo(json.dumps(stats), err=True)
@@ -179,37 +222,44 @@ def sample(ckpt, **flags):
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.ChatOptions, flags)
-    from charlm.commands.chat import chat as talk
+    with keys_unechoed():  # keys typed while it loads wait for the prompt, never above the banner
+        with Loading(f"loading {ckpt}"):
+            from charlm.commands.chat import open_chat
 
-    talk(ckpt, settings, opts, console=out_console())
+            session = open_chat(ckpt, settings, opts, console=out_console())
+        session.start()
+    session.loop()
 
 
-def _look(cls, ckpt, flags):
+def _look(cls, ckpt, text, flags):
     """(checkpoint, its tokens of the text, view options, console, screen) for attn and gates."""
+    flags = positional_prompt(text, flags)
     view, where = from_flags(cls, flags), from_flags(config.LookOptions, flags)
-    from charlm.commands.look import load_text
-    from charlm.views.heatmap import Screen
+    with Loading(f"loading {ckpt}"):
+        from charlm.commands.look import load_text
+        from charlm.views.heatmap import Screen
 
+        ck, ids = load_text(ckpt, where)
     console = out_console(width=where.width)
-    return *load_text(ckpt, where), view, console, Screen.of(console, view.ascii, flags=True)
+    return ck, ids, view, console, Screen.of(console, view.ascii, flags=True)
 
 
-@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt")])
-def attn(ckpt, **flags):
-    """Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps (by
+@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT])
+def attn(ckpt, text, **flags):
+    """Show a transformer's attention on a text (PROMPT, --prompt, --prompt-file or stdin) as terminal heat maps (by
     default: the last layer, mean over heads)."""
-    ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, flags)
+    ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, text, flags)
     from charlm.commands.look import attention
     from charlm.views.attention import draw_attention
 
     draw_attention(console, ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view), view, screen)
 
 
-@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt")])
-def gates(ckpt, **flags):
+@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT])
+def gates(ckpt, text, **flags):
     """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over a text
-    (--prompt, --prompt-file or stdin)."""
-    ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, flags)
+    (PROMPT, --prompt, --prompt-file or stdin)."""
+    ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, text, flags)
     from charlm.commands.look import gates as trace
     from charlm.views.gates import draw_gates, fitting_units, panels
 
@@ -227,11 +277,12 @@ def eval_(ckpt, file, as_json, **flags):
     """Loss, perplexity and bits per character of CKPT on any text FILE. Bits per byte too, over the whole
     file: the Transformer reads it in overlapping windows of its context, an LSTM/GRU in one pass."""
     opts = from_flags(config.EvalOptions, flags)
-    from charlm.commands.evaluate import evaluate
-    from charlm.views.eval import EvalProgress, render_eval
+    with Loading(f"loading {ckpt}") as loading:
+        from charlm.commands.evaluate import evaluate
+        from charlm.views.eval import EvalProgress, render_eval
 
-    with EvalProgress(err_console()) as progress:
-        done = evaluate(ckpt, file, opts, progress)
+        with EvalProgress(err_console(), before=loading) as progress:
+            done = evaluate(ckpt, file, opts, progress)
     print_json(done.summary()) if as_json else render_eval(out_console(), done.ckpt, done.file, done.result)
 
 
@@ -247,12 +298,13 @@ def compare(ckpts, as_json, **flags):
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.CompareOptions, flags)
     if as_json and opts.interactive:
         raise config.ConfigError("--json prints one run: drop --interactive or --json")
-    from charlm.commands.compare import CompareSession
-    from charlm.commands.compare import compare as load
-    from charlm.views.compare import CompareView
-    from charlm.views.eval import EvalProgress
+    with Loading(f"loading {len(ckpts)} models"):
+        from charlm.commands.compare import CompareSession
+        from charlm.commands.compare import compare as load
+        from charlm.views.compare import CompareView
+        from charlm.views.eval import EvalProgress
 
-    comparison = load(list(ckpts), settings, device=opts.device)
+        comparison = load(list(ckpts), settings, device=opts.device)
     view = CompareView(comparison, out_console())
     if opts.eval_file:
         comparison.evaluate(opts.eval_file, lambda name: EvalProgress(err_console(), f"eval {name}"))

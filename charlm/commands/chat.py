@@ -48,15 +48,27 @@ from charlm.views.attention import draw_attention
 from charlm.views.chat import StreamPrinter, print_banner, print_rows, status_line
 from charlm.views.gates import draw_gates, fitting_units, panels
 from charlm.views.heatmap import Screen
-from charlm.views.text import safe_text
+from charlm.views.text import keys_unechoed, safe_text
 
 SETTINGS = [f.name for f in flag_fields(SampleConfig)]
+# other programs' names for the same settings: ollama's (/set parameter num_predict 50), llm's and litgpt's
+ALIASES = {
+    "num_predict": "max_tokens",
+    "max_new_tokens": "max_tokens",
+    "n": "max_tokens",
+    "repeat_penalty": "repetition_penalty",
+    "temp": "temperature",
+    "t": "temperature",
+    "k": "top_k",
+    "p": "top_p",
+}
 SHARED_COMMANDS = {
     "/help": "this list (also /?)",
     "/set": f"/set KEY VALUE: {', '.join(SETTINGS)}",
 }
 QUIT = {"/bye": "leave (also /quit, /exit, Ctrl-D)"}
 QUIT_WORDS = ("/bye", "/quit", "/exit", "/q")
+ALSO = ("/reset",)  # other names of chat's commands (/clear)
 LEAVE_HINT = "Ctrl-D or /bye leaves"
 COMMANDS = {  # chat's, in the order /help lists them
     **SHARED_COMMANDS,
@@ -198,8 +210,15 @@ class Session:
         self.info = self.console if self.interactive else Console(stderr=True, highlight=False)
 
     def run(self) -> None:
+        self.start()
+        self.loop()
+
+    def start(self) -> None:
         if self.interactive:
-            self.banner()
+            with keys_unechoed():  # keys typed meanwhile wait for the prompt
+                self.banner()
+
+    def loop(self) -> None:
         lines = iter(LineReader(self.console, self.interactive, self.COMMANDS))
         try:
             for line, fenced in lines:
@@ -220,7 +239,8 @@ class Session:
             if line.startswith("/") and not fenced:
                 return self.command(line)
             if line.strip() or self.goes_on():
-                self.generate(line)
+                with keys_unechoed():  # keys typed meanwhile (^C too) stay out of the model's text
+                    self.generate(line)
         except Hint as e:
             self.hint(str(e))
         except KeyboardInterrupt:  # e.g. during a long /attn
@@ -251,9 +271,10 @@ class Session:
 
     def own_command(self, name: str, rest: str) -> None:
         """A command beyond the shared ones (the subclass's); unknown ones raise Hint."""
+        known = [*self.COMMANDS, *QUIT_WORDS, *(ALSO if "/clear" in self.COMMANDS else ())]
         raise Hint(
-            f"unknown command {name}: /help lists them (to send text that starts with /, "
-            f'begin it with a space or put it in """ marks)'
+            f"unknown command {name}{did_you_mean(name, known)}: /help lists them (to send text that starts "
+            f'with /, begin it with a space or put it in """ marks)'
         )
 
     def goes_on(self) -> bool:
@@ -264,9 +285,13 @@ class Session:
         """/set KEY VALUE (or KEY=VALUE, or ollama's /set parameter KEY VALUE): any SampleConfig field."""
         rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)
         m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)
-        key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
+        key, value = (m.group(1).lower().replace("-", "_"), unquote(m.group(2).strip())) if m else (rest, "")
+        key = ALIASES.get(key, key)
         if key not in SETTINGS:
-            raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
+            usage = f"/set KEY VALUE, with KEY one of {', '.join(SETTINGS)}"
+            if not key:
+                raise Hint(f"usage: {usage}")
+            raise Hint(f"no setting {key}{did_you_mean(key, [*SETTINGS, *ALIASES])}: {usage}")
         f = next(f for f in flag_fields(SampleConfig) if f.name == key)
         if not value:
             raise Hint(f"/set {key} needs a value, e.g. /set {key} {f.metadata['example'] or f.default}")
@@ -367,7 +392,9 @@ class Chat(Session):
             self.load(rest)
         elif name == "/mode":
             if rest not in MODES:
-                raise Hint(f"/mode is {self.mode}: use /mode fresh or /mode continue")
+                raise Hint(
+                    f"/mode is {self.mode}{did_you_mean(rest, MODES) if rest else ''}: use /mode fresh or /mode continue"
+                )
             self.mode = rest
             self.hint(
                 f"mode {rest}: "
@@ -411,10 +438,10 @@ class Chat(Session):
         if args and args[0].lower() in ("help", "?"):
             print_rows(self.console, words_help(VIEWERS[name], name))
             return
-        if not self.gen.ids:
-            raise Hint(f"there is no text yet: type a prompt, then /{name}")
         try:
-            opts = parse_words(VIEWERS[name], args, name)
+            opts = parse_words(VIEWERS[name], args, name)  # a mistyped word first: it needs fixing anyway
+            if not self.gen.ids:
+                raise Hint(f"there is no text yet: type a prompt, then /{name}")
             screen = Screen.of(self.console, opts.ascii)
             ids = list(self.gen.ids)
             if name == "attn":
@@ -472,10 +499,22 @@ def chat(
     interactive: bool | None = None,
 ) -> None:
     """`charlm chat CKPT`: the REPL on a checkpoint (a file or a run directory), until /bye or Ctrl-D."""
+    open_chat(ckpt, settings, opts, console=console, interactive=interactive).run()
+
+
+def open_chat(
+    ckpt: str,
+    settings: SampleConfig,
+    opts: ChatOptions | None = None,
+    *,
+    console: Console | None = None,
+    interactive: bool | None = None,
+) -> Chat:
+    """The chat on a checkpoint, loaded and ready: .run() is the REPL (.start() its banner, .loop() the rest)."""
     settings.validate()
     opts = (opts or ChatOptions()).validate()
     ck = checkpoint.load(ckpt, device=pick_device(opts.device))
-    Chat(ck, settings, console, mode=opts.mode, use_cache=not opts.no_cache, interactive=interactive).run()
+    return Chat(ck, settings, console, mode=opts.mode, use_cache=not opts.no_cache, interactive=interactive)
 
 
 # ---- the words of /attn and /gates, from the config fields ------------------------------------------
@@ -509,7 +548,10 @@ def parse_words(cls, words: list[str], command: str):
         elif re.fullmatch(r"-?\d+", word):
             numbers.append(int(word))
         else:
-            raise ConfigError(f"unknown /{command} argument '{word}': try /{command} help")
+            words_known = [*fields, *(c for f in fields.values() for c in f.metadata["choices"] or ())]
+            raise ConfigError(
+                f"unknown /{command} argument '{word}'{did_you_mean(key, words_known)}: try /{command} help"
+            )
         i += 1
     if len(numbers) > len(positional):
         names = " and ".join(f"a {f.name}" for f in positional)
@@ -542,6 +584,21 @@ def words_help(cls, command: str) -> list[tuple[str, str]]:
         (f"  {p}", f.metadata["help"]) for p, f in zip(positional, [f for f in fields if f.metadata["positional"]])
     ]
     return rows
+
+
+def did_you_mean(word: str, options) -> str:
+    """' (did you mean X?)' for a mistyped word, when one of options is close to it; else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word.lower(), list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unquote(value: str) -> str:
+    """A value typed in quotes, as a shell would read it: "\\n" -> \\n (its escapes are the setting's to read)."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def show_value(value) -> str:

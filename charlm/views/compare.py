@@ -21,7 +21,7 @@ from rich.text import Text
 from charlm.comparison import Comparison, Contestant
 from charlm.config import SampleConfig, flag_fields, flag_name
 from charlm.models import count_params
-from charlm.views.text import safe_text
+from charlm.views.text import duration, safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
@@ -36,10 +36,6 @@ def human(n: float) -> str:
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return str(int(n))
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m"
 
 
 def _finite(x) -> float | None:
@@ -170,7 +166,7 @@ class CompareView:
         for p in self.players:
             d = p.ckpt.saved
             params = d.params or count_params(p.ckpt.model)
-            row = [(None, human(params)), (None, f"{d.step:,}"), (None, _seconds(d.train_seconds))]
+            row = [(None, human(params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
             bpc = _finite(d.best_val_bpc)
             row.append((bpc, f"{bpc:.3f}" if bpc is not None else "—"))
             if self.eval_path is not None:

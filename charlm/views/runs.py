@@ -13,7 +13,7 @@ from rich.text import Text
 
 from charlm.data import bits_per_char
 from charlm.views.plot import line_chart
-from charlm.views.text import safe_text
+from charlm.views.text import duration, safe_text
 
 
 def age(seconds: float) -> str:
@@ -23,16 +23,6 @@ def age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size:.0f}{unit} ago"
-
-
-def duration(seconds: float) -> str:
-    """'45s', '2m00s', '1h05m'."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def render_runs(console: Console, rows: list[dict], title: str, now: float | None = None) -> None:
@@ -128,7 +118,7 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
     table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
     table.add_row(
-        "trained", Text(safe_text(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))
+        "trained", Text(safe_text(f"{info['steps']} steps in {duration(info['train_seconds'])} on {info['device']}"))
     )
     if info["best_val_loss"] is not None:
         table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")

@@ -1,0 +1,247 @@
+"""Issue 28, "every terminal, every habit": feedback from the first moment, the words and habits of ollama,
+llm, git and litgpt, and layouts measured at 60×20, 80×24, 120×40 and 200×50. Each test reproduces a finding
+of the issue (it failed on the code before the fix)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+
+import pexpect
+import pytest
+from conftest import cli, one_line_error, strip_ansi
+from rich.console import Console
+
+from charlm.views.text import Loading
+
+SIZES = [(60, 20), (80, 24), (120, 40), (200, 50)]
+
+
+def pty(tmp_path, *args, size=(80, 24)) -> pexpect.spawn:
+    """`charlm ARGS` in a real terminal of size (columns, lines)."""
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env |= {"TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    cols, lines = size
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", *map(str, args)],
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(lines, cols),
+    )
+
+
+# ---- feedback: something on the screen at once ---------------------------------------------------
+
+
+def test_loading_draws_at_once_on_a_terminal_and_nothing_in_a_pipe():
+    screen = io.StringIO()
+    with Loading("loading run", Console(file=screen, force_terminal=True, width=60)):
+        drawn = screen.getvalue()  # before the block's work: the spinner is already there
+    assert "loading run" in drawn
+    piped = io.StringIO()
+    with Loading("loading run", Console(file=piped, width=60)):
+        pass
+    assert piped.getvalue() == ""
+
+
+@pytest.mark.parametrize("command", ["sample", "attn", "eval", "chat"])
+def test_model_commands_say_they_are_loading_before_anything_else(command, view_runs, cmp_corpus, tmp_path):
+    """Found: chat, compare, eval and sample showed a blank screen for seconds while torch and the model loaded."""
+    run = view_runs["tf"]
+    args = {
+        "sample": ["sample", run, "-p", "ROMEO:", "-n", "5"],
+        "attn": ["attn", run, "-p", "ROMEO:"],
+        "eval": ["eval", run, cmp_corpus, "--unknown", "drop"],
+        "chat": ["chat", run],
+    }[command]
+    child = pty(tmp_path, *args)
+    child.expect("loading")
+    assert not re.search(r"\w", strip_ansi(child.before))  # the first thing on the screen (after the spinner)
+    if command == "chat":
+        child.expect_exact(">>> ")
+        child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+
+
+def test_keys_typed_while_chat_loads_wait_for_the_prompt(view_runs, tmp_path):
+    """Found: `hellocharlm chat · …`: keys typed before the banner printed above it."""
+    child = pty(tmp_path, "chat", view_runs["tf"], "-n", "3")
+    child.expect("loading")
+    child.send("hello")  # while the model loads
+    child.expect_exact(">>> ")
+    assert "hello" not in strip_ansi(child.before)  # not above the banner
+    child.expect_exact("hello")  # readline shows it at the prompt
+    child.sendline("")
+    child.expect_exact(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_leaves_no_caret_c_inside_the_model_text(view_runs, tmp_path):
+    """Found: `AUMENI^CUS:`: the terminal echoed ^C into the streamed text."""
+    child = pty(tmp_path, "chat", view_runs["tf"], "-n", "100000000", "--seed", "1", size=(120, 40))
+    child.expect_exact(">>> ")
+    child.sendline("ROMEO:")
+    child.expect("[a-z]{3}")  # it is streaming
+    child.sendintr()
+    child.expect(r"stopped · [\d,]+ tokens")
+    assert "^C" not in child.before
+    child.expect_exact(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_the_eval_bar_says_time_left_from_measured_speed_not_the_warm_up(monkeypatch):
+    """Found: LSTM eval showed an ETA of 1m19s that finished in 18 s: the first, warming-up batch set the pace."""
+    import charlm.views.eval as view
+
+    clock = iter([130.0, 131.0, 132.0])  # the first batch ends at 130 s (after a warm-up), the next takes 1 s
+    monkeypatch.setattr(view.time, "perf_counter", lambda: next(clock))
+    screen = io.StringIO()
+    with view.EvalProgress(Console(file=screen, force_terminal=True, width=100)) as progress:
+        progress(1024, 10240)
+        assert "measuring speed" in strip_ansi(screen.getvalue())
+        progress(2048, 10240)  # 1024 tokens/s since the first call: 8192 tokens left take 8 s
+        assert "8.0s left" in strip_ansi(screen.getvalue())
+        progress(3072, 10240)
+
+
+def test_durations_read_back_every_way_charlm_writes_them():
+    from charlm.config import parse_duration
+    from charlm.views.text import duration
+
+    for seconds in (0.4, 9.7, 45, 124, 3900):
+        assert parse_duration(duration(seconds)) == pytest.approx(seconds, abs=0.05 if seconds < 10 else 30)
+    # what other programs and people write
+    for text, seconds in [
+        ("1m30s", 90),
+        ("2m04s", 124),
+        ("0:05:30", 330),
+        ("14 s", 14),
+        ("2.0m", 120),
+        ("1h05m", 3900),
+    ]:
+        assert parse_duration(text) == seconds, text
+    with pytest.raises(ValueError):
+        parse_duration("1m30")  # 30 what?
+
+
+def test_max_time_takes_minutes_and_seconds(tmp_path, cmp_corpus):
+    """Found: `--max-time 1m30s` was refused, though `charlm runs` prints durations as 2m04s."""
+    from charlm.config import TrainConfig
+    from charlm.flags import from_flags
+
+    assert from_flags(TrainConfig, {"max_time": "1m30s"}).max_time == 90
+    one_line_error(cli("train", cmp_corpus, "--max-time", "1m30", "--out", tmp_path / "run"), "1m30s")
+    assert not (tmp_path / "run").exists()
+
+
+# ---- habits: the words of ollama, llm, git and litgpt ---------------------------------------------
+
+
+@pytest.fixture
+def chat_session(view_runs):
+    """A Chat on the char Transformer, drawing into a string; said(line) -> what it printed."""
+    from charlm import checkpoint
+    from charlm.commands.chat import Chat
+    from charlm.config import SampleConfig
+
+    screen = io.StringIO()
+    session = Chat(checkpoint.load(view_runs["tf"]), SampleConfig(), Console(file=screen, width=200), interactive=True)
+
+    def said(line: str) -> str:
+        screen.seek(0), screen.truncate()
+        session.handle(line)
+        return screen.getvalue()
+
+    said.session = session
+    return said
+
+
+@pytest.mark.parametrize(
+    "line,setting,value",
+    [
+        ("/set num_predict 50", "max_tokens", 50),
+        ("/set parameter num_predict 50", "max_tokens", 50),
+        ("/set repeat_penalty 1.1", "repetition_penalty", 1.1),
+        ("/set temp 0.5", "temperature", 0.5),
+        ("/set parameter temperature 0.3", "temperature", 0.3),
+        ('/set stop "\\n"', "stop", ["\n"]),
+        ("/set stop '\\n\\n'", "stop", ["\n\n"]),
+        ('/set parameter stop "ROMEO:"', "stop", ["ROMEO:"]),
+    ],
+)
+def test_set_takes_ollamas_words_and_quoted_values(chat_session, line, setting, value):
+    """Found: /set num_predict 50, repeat_penalty, temp and /set parameter num_predict all got the same usage line;
+    /set stop "\\n" kept the quotes (stop = '"\\n"')."""
+    chat_session(line)
+    assert getattr(chat_session.session.settings, setting) == value
+
+
+@pytest.mark.parametrize(
+    "line,meant",
+    [
+        ("/set temprature 0.5", "temperature"),
+        ("/set repetiton_penalty 1.2", "repetition_penalty"),
+        ("/shwo", "/show"),
+        ("/mode contineu", "continue"),
+        ("/attn overveiw", "overview"),
+        ("/gates", None),  # a transformer has none: says which viewer it has
+    ],
+)
+def test_every_repl_word_mistyped_says_what_it_may_have_meant(chat_session, line, meant):
+    out = chat_session(line)
+    if meant:
+        assert f"did you mean {meant}?" in out, out
+    else:
+        assert "/attn" in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_a_model_is_named_by_its_run_name(view_runs, tmp_path, monkeypatch):
+    """Found: `charlm sample tinyshakespeare-transformer-char` (the name charlm runs prints) said "no such
+    checkpoint"."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    for name, run in [("rhymes-transformer-char", view_runs["tf"]), ("rhymes-lstm-char", view_runs["lstm"])]:
+        shutil.copytree(run, tmp_path / "checkpoints" / name)
+    r = cli("sample", "rhymes-transformer-char", "-p", "ROMEO:", "-n", "5", "--seed", "1")
+    assert r.exit_code == 0 and r.stdout.startswith("ROMEO:"), r.output
+    assert cli("info", "rhymes-lstm", "--json").exit_code == 0  # a unique start of a name
+    one_line_error(cli("sample", "rhymes", "-p", "x"), "could be 2 runs", "rhymes-lstm-char, rhymes-transformer-char")
+    one_line_error(cli("sample", "sonnets", "-p", "x"), "no such checkpoint or run: sonnets", "charlm runs")
+
+
+def test_load_takes_a_run_name(chat_session, view_runs, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(view_runs["lstm"], tmp_path / "checkpoints" / "rhymes-lstm-char")
+    assert chat_session("/load rhymes-lstm-char").startswith("loaded ")
+    assert chat_session.session.ckpt.model_config.kind == "lstm"
+
+
+def test_the_prompt_may_be_an_argument(view_runs):
+    """Found: `charlm sample CKPT "ROMEO:"` -> "Got unexpected extra argument (ROMEO:)"."""
+    by_flag = cli("sample", view_runs["tf"], "-p", "ROMEO:", "-n", "20", "--seed", "3")
+    by_argument = cli("sample", view_runs["tf"], "ROMEO:", "-n", "20", "--seed", "3")
+    assert by_argument.exit_code == 0 and by_argument.stdout == by_flag.stdout
+    assert cli("attn", view_runs["tf"], "ROMEO:", "--width", "80").exit_code == 0
+    assert cli("gates", view_runs["lstm"], "ROMEO:", "--width", "80").exit_code == 0
+    one_line_error(cli("sample", view_runs["tf"], "ROMEO:", "-p", "JULIET:"), "give the text once")
+
+
+def test_help_command_and_dash_v():
+    """Found: `charlm help train` -> "No such command"; `charlm -V` -> "No such option"."""
+    r = cli("help", "train")
+    assert r.exit_code == 0 and r.stdout == cli("train", "--help").stdout
+    assert cli("help").stdout == cli("--help").stdout
+    assert cli("-V").exit_code == 0 and cli("-V").stdout == cli("--version").stdout
+    one_line_error(cli("help", "trian"), "No such command", "train", code=2)
