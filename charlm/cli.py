@@ -177,6 +177,7 @@ def train(ctx, corpus, **flags):
 
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     given = runs.given_settings(typed, opts.preset is not None)
+    print_notes(ignored_flags(typed, model_cfg.kind, train_cfg.tokenizer))
     # every rank trains; only rank 0 shows it. soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0), corpus=corpus)
     try:
@@ -190,14 +191,28 @@ def train(ctx, corpus, **flags):
     view.finish(result)
 
 
+def ignored_flags(typed: set[str], kind: str, tokenizer: str) -> list[str]:
+    """A note for each flag typed that means nothing for this run (--heads for an LSTM, --vocab-size for chars)."""
+    from dataclasses import fields
+
+    notes = []
+    for cls, run_is in ((config.ModelConfig, kind), (config.TrainConfig, tokenizer)):
+        for f in fields(cls):
+            only = f.metadata.get("applies_to")
+            if only and only != run_is and f.name in typed:
+                notes.append(f"--{config.flag_name(f)} applies to {only} runs only: ignored for this {run_is} run")
+    return notes
+
+
 @command(
     config.PromptOptions,
     config.SampleConfig,
     config.SampleOptions,
     args=[path_argument("ckpt"), PROMPT_ARGUMENT],
     defaults={"max_tokens": 500},
+    json=True,
 )
-def sample(ckpt, text, **flags):
+def sample(ckpt, text, as_json, **flags):
     """Continue a prompt with CKPT (a run name, run directory or checkpoint file), streaming plain text to
     stdout (ready for pipes). The prompt: PROMPT, --prompt, --prompt-file or stdin."""
     flags = positional_prompt(text, flags)
@@ -212,6 +227,12 @@ def sample(ckpt, text, **flags):
 
         samples = generate(ckpt, read_prompt(where), settings, opts)
         first = next(samples)  # the model loaded and the prompt read
+    if first.streamer.sliding and first.prompt_tokens > first.streamer.context:
+        print_notes([f"the prompt is {first.prompt_tokens} tokens: the model sees its last {first.streamer.context}"])
+    if as_json:  # each sample whole, with its numbers, once it is done
+        found = [{"text": "".join(c.pieces), **c.stats.to_dict()} for c in itertools.chain([first], samples)]
+        return print_json({"prompt": first.prompt, "prompt_tokens": first.prompt_tokens,
+                           "settings": settings.to_dict(), "samples": found})  # fmt: skip
     done = print_samples(out_console(), itertools.chain([first], samples), opts.echo)
     if opts.stats:
         stats = {**Stats.total(done).to_dict(), "samples": opts.num_samples, "cache": not opts.no_cache}
@@ -244,24 +265,30 @@ def _look(cls, ckpt, text, flags):
     return ck, ids, view, console, Screen.of(console, view.ascii, flags=True)
 
 
-@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT])
-def attn(ckpt, text, **flags):
+@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+def attn(ckpt, text, as_json, **flags):
     """Show a transformer's attention on a text (PROMPT, --prompt, --prompt-file or stdin) as terminal heat maps (by
     default: the last layer, mean over heads)."""
     ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, text, flags)
-    from charlm.commands.look import attention
+    from charlm.commands.look import attention, attention_summary
     from charlm.views.attention import draw_attention
 
+    if as_json:
+        return print_json(attention_summary(ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view)))
     draw_attention(console, ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view), view, screen)
 
 
-@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT])
-def gates(ckpt, text, **flags):
+@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+def gates(ckpt, text, as_json, **flags):
     """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over a text
     (PROMPT, --prompt, --prompt-file or stdin)."""
     ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, text, flags)
     from charlm.commands.look import gates as trace
+    from charlm.commands.look import gates_summary
     from charlm.views.gates import draw_gates, fitting_units, panels
+
+    if as_json:  # no screen to fit: the default units, or those --units names
+        return print_json(gates_summary(ck.tokenizer, trace(ck.model, ids, view)))
 
     fits = lambda t: fitting_units(len(panels(t)), screen.height)  # noqa: E731
     draw_gates(console, ck.tokenizer, trace(ck.model, ids, view, fits), view, screen)

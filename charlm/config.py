@@ -325,7 +325,7 @@ class TrainConfig:
     # seconds; training stops (and the schedule ends) when it runs out
     max_time: float | None = flag(
         None,
-        f"Time budget, e.g. 90s, 10m, 1h [default: {DEFAULT_MAX_TIME / 60:g}m unless --steps].",
+        f"Time budget, e.g. 90s, 10m, 1m30s, 1h [default: {DEFAULT_MAX_TIME / 60:g}m unless --steps].",
         parse=lambda text: parse_duration(text, "--max-time"),
         resumable=True,
         derived=True,

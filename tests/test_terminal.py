@@ -245,3 +245,66 @@ def test_help_command_and_dash_v():
     assert cli("help").stdout == cli("--help").stdout
     assert cli("-V").exit_code == 0 and cli("-V").stdout == cli("--version").stdout
     one_line_error(cli("help", "trian"), "No such command", "train", code=2)
+
+
+def test_sample_attn_and_gates_print_json(view_runs):
+    """Found: --json was missing for sample, attn and gates (eval, compare, lab and runs have it)."""
+    import json
+
+    r = cli("sample", view_runs["tf"], "ROMEO:", "-n", "12", "--seed", "4", "--num-samples", "2", "--json")
+    got = json.loads(r.stdout)
+    plain = cli("sample", view_runs["tf"], "ROMEO:", "-n", "12", "--seed", "4", "--num-samples", "2").stdout
+    assert got["prompt"] == "ROMEO:" and [s["tokens"] for s in got["samples"]] == [12, 12]
+    assert plain == "".join(f"ROMEO:{s['text']}\n" + ("---\n" if i == 0 else "") for i, s in enumerate(got["samples"]))
+
+    att = json.loads(cli("attn", view_runs["tf"], "ROMEO: But", "--json").stdout)
+    assert "".join(att["tokens"]) == "ROMEO: But" and len(att["weights"]) == len(att["tokens"])
+    for row in att["weights"]:  # each query's weights over the tokens it could see sum to 1
+        assert sum(row) == pytest.approx(1, abs=1e-3)
+    assert len(att["heads"]) == 2 * 2  # 2 layers × 2 heads
+
+    g = json.loads(cli("gates", view_runs["lstm"], "ROMEO: But", "--units", "3", "--json").stdout)
+    assert len(g["units"]) == 3 and set(g["values"]) >= {"forget", "input", "output", "cell_state"}
+    for name in ("forget", "input", "output"):  # sigmoids: between 0 and 1
+        assert all(0 <= v <= 1 for unit in g["values"][name] for v in unit)
+        assert all(len(unit) == len(g["tokens"]) for unit in g["values"][name])
+
+
+def test_a_flag_for_another_kind_of_model_is_not_silently_ignored(tmp_path, cmp_corpus):
+    """Found: `--model lstm --heads 4` trained an LSTM without a word about --heads."""
+    r = cli("train", cmp_corpus, "--model", "lstm", "--heads", "4", "--layers", "1", "--d-model", "16",
+            "--context", "16", "--batch-size", "4", "--steps", "2", "--eval-iters", "1", "--sample-tokens", "0",
+            "--device", "cpu", "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "--heads applies to transformer runs only: ignored for this lstm run" in r.stderr
+
+
+def test_compare_prompt_help_says_its_default_once():
+    """Found: compare -p's help said `[default: none]. [default: ""]`."""
+    out = " ".join(cli("compare", "--help").stdout.split())
+    assert "[default: none]." in out and '[default: ""]' not in out
+
+
+def test_a_prompt_longer_than_the_context_is_cut_with_a_word_and_the_counter_is_honest(chat_session, view_runs):
+    """Found: sample and chat cut a prompt longer than the context without a word; chat showed `context 65/64`
+    and /show `running text 65 tokens` after a 146-token turn."""
+    long = "ROMEO: " + "But soft, what light through yonder window breaks? " * 2  # 109 chars; context 48
+    chat_session("/set max_tokens 5")
+    out = chat_session(long)
+    assert "the prompt is 109 tokens: the model sees its last 48 (its context)" in out
+    assert "context 48/48: the model sees the last 48 of 114 tokens" in " ".join(out.split())
+    assert re.search(r"running text\s+114 tokens \(the model sees the last 48\)", chat_session("/show"))
+    short = chat_session("ROMEO:")
+    assert "context 11/48" in short and "sees its last" not in short
+    r = cli("sample", view_runs["tf"], long, "-n", "3")
+    assert r.exit_code == 0 and "the prompt is 109 tokens: the model sees its last 48" in r.stderr
+    assert "sees its last" not in cli("sample", view_runs["tf"], "ROMEO:", "-n", "3").stderr
+
+
+def test_the_readme_says_to_install_cpu_torch_before_the_command_it_must_precede():
+    """Found: the note on the CPU build of PyTorch came after the command it must precede."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    setup = readme.split("## Set-up", 1)[1]
+    assert setup.index("download.pytorch.org/whl/cpu") < setup.index("pip install -e . && charlm train")

@@ -291,7 +291,7 @@ class Session:
             usage = f"/set KEY VALUE, with KEY one of {', '.join(SETTINGS)}"
             if not key:
                 raise Hint(f"usage: {usage}")
-            raise Hint(f"no setting {key}{did_you_mean(key, [*SETTINGS, *ALIASES])}: {usage}")
+            raise Hint(f"no setting {key}{did_you_mean(key, [*SETTINGS, *ALIASES])}; usage: {usage}")
         f = next(f for f in flag_fields(SampleConfig) if f.name == key)
         if not value:
             raise Hint(f"/set {key} needs a value, e.g. /set {key} {f.metadata['example'] or f.default}")
@@ -347,6 +347,7 @@ class Chat(Session):
         """Talk to `ckpt` from now on, with an empty running text."""
         self.ckpt = ckpt
         self.gen = Streamer(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        self.total = 0  # tokens in the running text (a Transformer sees the last gen.context of them)
 
     def generate(self, prompt: str) -> None:
         ids = self.encode(prompt)
@@ -354,6 +355,11 @@ class Chat(Session):
         prompt = self.ckpt.tokenizer.decode(ids)
         if self.mode == "fresh":
             self.gen.reset()
+            self.total = 0
+        self.total += len(ids)
+        if self.gen.sliding and self.total > self.gen.context and self.interactive:
+            what = "the prompt" if self.total == len(ids) else "the running text with this prompt"
+            self.hint(f"{what} is {self.total} tokens: the model sees its last {self.gen.context} (its context)")
         printer = StreamPrinter(self.console, "cyan")
         if self.interactive and prompt:
             self.console.print(Text(safe_text(prompt), style="bold"), end="", soft_wrap=True)
@@ -370,13 +376,14 @@ class Chat(Session):
             stream.close()
             printer.flush()
         text = "".join(out)
+        self.total += self.gen.stats.tokens
         self.transcript.append((prompt, text))
         if self.interactive:
             shown = text or prompt
             if shown and not shown.endswith("\n"):
                 self.console.print()
             window = self.gen.context if self.gen.sliding else None
-            self.console.print(status_line(self.gen.stats, window, len(self.gen.ids), stopped), soft_wrap=True)
+            self.console.print(status_line(self.gen.stats, window, self.total, stopped), soft_wrap=True)
         else:
             self.console.print()  # one continuation per line of output (plus its own newlines)
 
@@ -387,6 +394,7 @@ class Chat(Session):
             self.show()
         elif name in ("/clear", "/reset"):
             self.gen.reset()
+            self.total = 0
             self.hint("the running text is empty now", style="green")
         elif name == "/load":
             self.load(rest)
@@ -423,9 +431,14 @@ class Chat(Session):
         rows += [
             ("mode", self.mode),
             ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
-            ("running text", f"{len(self.gen.ids)} tokens"),
+            ("running text", self.running_text()),
         ]
         print_rows(self.console, rows, title=self.ckpt.name)
+
+    def running_text(self) -> str:
+        if self.gen.sliding and self.total > self.gen.context:
+            return f"{self.total:,} tokens (the model sees the last {self.gen.context})"
+        return f"{self.total:,} tokens"
 
     def viewer(self, name: str, args: list[str]) -> None:
         """/attn or /gates with the words after it, on the running text."""
