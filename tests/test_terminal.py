@@ -308,3 +308,30 @@ def test_the_readme_says_to_install_cpu_torch_before_the_command_it_must_precede
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     setup = readme.split("## Set-up", 1)[1]
     assert setup.index("download.pytorch.org/whl/cpu") < setup.index("pip install -e . && charlm train")
+
+
+# ---- layouts: 60×20, 80×24, 120×40, 200×50 ---------------------------------------------------------
+
+
+def words_whole(screen: str, width: int, words) -> None:
+    """Every line fits the width, and each of `words` stands whole on one line."""
+    lines = strip_ansi(screen).splitlines()
+    assert max(map(len, lines)) <= width, screen
+    for word in words:
+        assert any(word in line for line in lines), (word, screen)
+
+
+@pytest.mark.parametrize("cols,rows", SIZES)
+def test_chat_status_and_hints_wrap_at_spaces_never_inside_a_number(view_runs, cols, rows):
+    """Found: at 60 columns the status line wrapped mid-number (`context 42/6⏎4`)."""
+    from charlm import checkpoint
+    from charlm.commands.chat import Chat
+    from charlm.config import SampleConfig
+
+    screen = io.StringIO()
+    console = Console(file=screen, width=cols, height=rows, force_terminal=True)
+    chat = Chat(checkpoint.load(view_runs["tf"]), SampleConfig(max_tokens=7, seed=1), console, interactive=True)
+    chat.handle("ROMEO: But soft, what light")
+    chat.handle("/set temprature 0.5")
+    stats = chat.gen.stats
+    words_whole(screen.getvalue(), cols, ["7 tokens", f"{stats.tokens_per_s:,.0f}", "context 34/48", "temperature?"])

@@ -253,7 +253,8 @@ class Session:
         return True
 
     def hint(self, message: str, style: str = "yellow") -> None:
-        self.info.print(Text(safe_text(message), style=style), soft_wrap=True)
+        # on a terminal Rich wraps at spaces (the terminal would cut words and numbers); a pipe gets whole lines
+        self.info.print(Text(safe_text(message), style=style), soft_wrap=not self.info.is_terminal)
 
     def command(self, line: str) -> bool:
         name, _, rest = line.strip().partition(" ")
@@ -383,7 +384,8 @@ class Chat(Session):
             if shown and not shown.endswith("\n"):
                 self.console.print()
             window = self.gen.context if self.gen.sliding else None
-            self.console.print(status_line(self.gen.stats, window, self.total, stopped), soft_wrap=True)
+            status = status_line(self.gen.stats, window, self.total, stopped)
+            self.console.print(status, soft_wrap=not self.console.is_terminal)
         else:
             self.console.print()  # one continuation per line of output (plus its own newlines)
 

@@ -58,7 +58,8 @@ def print_rows(console: Console, rows: list[tuple[str, str]], title: str | None 
 
 def print_banner(console: Console, name: str, about: str, hint: str) -> None:
     console.print(
-        Text.assemble(("charlm chat", "bold"), " · ", safe_text(name), (f" ({about})", "dim")), soft_wrap=True
+        Text.assemble(("charlm chat", "bold"), " · ", safe_text(name), (f" ({about})", "dim")),
+        soft_wrap=not console.is_terminal,  # a terminal: wrapped at spaces, never inside a word
     )
     console.print(Text(hint, style="dim"))
 
