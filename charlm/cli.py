@@ -84,7 +84,9 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     from charlm.commands.runs import missing
 
     err_console().print(e.ctx.get_usage(), markup=False)  # (Click's parser raised it: its context is there)
-    what = "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a checkpoint file or run directory"
+    what = (
+        "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a run name, run directory or checkpoint file"
+    )
     message, found = missing(what)
     print_error(message)
     for run in found:
@@ -109,7 +111,7 @@ def main(ctx):
         click.echo(ctx.get_help())
 
 
-@main.command(name="help", short_help="Show a command's --help: charlm help train.")
+@main.command(name="help", cls=CharlmCommand, short_help="Show a command's --help: charlm help train.")
 @click.argument("name", required=False, metavar="[COMMAND]")
 @click.pass_context
 def help_(ctx, name):
@@ -285,12 +287,13 @@ def gates(ckpt, text, as_json, **flags):
     ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, text, flags)
     from charlm.commands.look import gates as trace
     from charlm.commands.look import gates_summary
-    from charlm.views.gates import draw_gates, fitting_units, panels
+    from charlm.views.gates import draw_gates, units_that_fit
 
     if as_json:  # no screen to fit: the default units, or those --units names
         return print_json(gates_summary(ck.tokenizer, trace(ck.model, ids, view)))
 
-    fits = lambda t: fitting_units(len(panels(t)), screen.height)  # noqa: E731
+    layer = ck.model_config.n_layers - 1 if view.layer is None else view.layer
+    fits = lambda t: units_that_fit(ck.tokenizer, ids, ck.model_config.kind, layer, t, view, screen)  # noqa: E731
     draw_gates(console, ck.tokenizer, trace(ck.model, ids, view, fits), view, screen)
 
 

@@ -306,8 +306,7 @@ def test_piped_stdin_is_scriptable(gen_runs, tmp_path):
     assert errors == [
         "temperature = 0.0",
         "max_tokens = 51",
-        "unknown command /bogus: /help lists them (to send text that starts with /, begin it with a space "
-        'or put it in """ marks)',
+        "unknown command /bogus: /help lists them (text starting with /: a space first)",
         "dropped 1 character the model never saw: 'ü'",
         "stop = 't, w'",
     ]

@@ -335,3 +335,47 @@ def test_chat_status_and_hints_wrap_at_spaces_never_inside_a_number(view_runs, c
     chat.handle("/set temprature 0.5")
     stats = chat.gen.stats
     words_whole(screen.getvalue(), cols, ["7 tokens", f"{stats.tokens_per_s:,.0f}", "context 34/48", "temperature?"])
+
+
+@pytest.mark.parametrize("cols,rows", SIZES)
+def test_runs_keeps_run_names_whole(cols, rows):
+    """Found: at 60 columns `charlm runs` split names (`tinyshak/espeare-/transfor/mer-bpe`)."""
+    from charlm.views.runs import render_runs
+
+    names = ["tinyshakespeare-transformer-bpe", "tinyshakespeare-lstm-char", "sonnets-gru-char"]
+    found = [
+        {"run": n, "path": f"checkpoints/{n}", "modified": 1000.0 - k, "corpus": "tinyshakespeare.txt",
+         "model": n.split("-")[1], "layers": 2, "d_model": 256, "tokenizer": n.split("-")[2], "params": 1_090_000,
+         "steps": 12_345, "train_seconds": 124.0, "best_val_bpc": 2.3991}
+        for k, n in enumerate(names)
+    ]  # fmt: skip
+    screen = io.StringIO()
+    render_runs(Console(file=screen, width=cols, height=rows, force_terminal=True), found, "3 runs", now=1100.0)
+    words_whole(screen.getvalue(), cols, names + ["2.399"])
+    if cols >= 80:  # room for everything
+        words_whole(screen.getvalue(), cols, ["2m04s", "12,345", "1.09M", "1m ago"])
+
+
+def on_screen(tmp_path, size, *args) -> list[str]:
+    """What `charlm ARGS` leaves on a terminal of size (columns, lines), line by line; every line fits."""
+    child = pty(tmp_path, *args, size=size)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    raw = child.before
+    screen = strip_ansi(raw[raw.rfind("\x1b[?25h") :] if "\x1b[?25h" in raw else raw)  # after the spinner goes
+    lines = [line for line in screen.split("\n")]
+    lines = lines[:-1] if lines and not lines[-1].strip() else lines
+    assert max(map(len, lines)) <= size[0], screen
+    return lines
+
+
+@pytest.mark.parametrize("cols,rows", SIZES[1:])
+def test_gates_fits_the_screen_with_as_many_units_as_there_is_room_for(view_runs, cols, rows, tmp_path):
+    """Found: at 120×40 gates showed 1 unit (2 at 200×50), though 8 is its default: the fit reserved 6 lines of
+    column labels per panel, which a char model's 1-line labels do not need. (60×20 cannot hold the 4 gate panels
+    and the state panel of even one unit: answered in the issue's note.)"""
+    lines = on_screen(tmp_path, (cols, rows), "gates", view_runs["lstm"], "ROMEO: But soft, what light through yonder")
+    assert len(lines) + 1 <= rows, "\n".join(lines)  # everything on one screen, with the shell's prompt after it
+    shown = int(re.search(r"(\d+) of 32 units", "\n".join(lines)).group(1))
+    assert shown == {80: 1, 120: 5, 200: 8}[cols], "\n".join(lines)  # 8: the default, all there is room for

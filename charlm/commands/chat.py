@@ -46,7 +46,7 @@ from charlm.runtime import pick_device
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.attention import draw_attention
 from charlm.views.chat import StreamPrinter, print_banner, print_rows, status_line
-from charlm.views.gates import draw_gates, fitting_units, panels
+from charlm.views.gates import draw_gates, units_that_fit
 from charlm.views.heatmap import Screen
 from charlm.views.text import keys_unechoed, safe_text
 
@@ -274,8 +274,7 @@ class Session:
         """A command beyond the shared ones (the subclass's); unknown ones raise Hint."""
         known = [*self.COMMANDS, *QUIT_WORDS, *(ALSO if "/clear" in self.COMMANDS else ())]
         raise Hint(
-            f"unknown command {name}{did_you_mean(name, known)}: /help lists them (to send text that starts "
-            f'with /, begin it with a space or put it in """ marks)'
+            f"unknown command {name}{did_you_mean(name, known)}: /help lists them (text starting with /: a space first)"
         )
 
     def goes_on(self) -> bool:
@@ -463,7 +462,9 @@ class Chat(Session):
                 att = look.attention(self.ckpt.model, self.ckpt.tokenizer, ids, opts)
                 draw_attention(self.console, self.ckpt.tokenizer, att, opts, screen)
             else:
-                fits = lambda trace: fitting_units(len(panels(trace)), screen.height)  # noqa: E731
+                cfg = self.ckpt.model_config
+                layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
+                fits = lambda t: units_that_fit(self.ckpt.tokenizer, ids, cfg.kind, layer, t, opts, screen)  # noqa: E731
                 draw_gates(
                     self.console, self.ckpt.tokenizer, look.gates(self.ckpt.model, ids, opts, fits), opts, screen
                 )

@@ -9,6 +9,8 @@ and prints. Layers and units count from 0.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from rich.console import Console
 from rich.text import Text
@@ -19,6 +21,7 @@ from charlm.views.heatmap import (
     Screen,
     fit_map,
     heatmap_lines,
+    height_of,
     legend,
     pad,
     print_blocks,
@@ -48,6 +51,16 @@ def fitting_units(gates_shown: int, height: int | None) -> int | None:
         return None
     n_maps = gates_shown + 1  # the gates, then the state
     return max(1, (height - 9) // n_maps - 2 - MAX_HEADER)
+
+
+def units_that_fit(tokenizer, ids: list[int], kind: str, layer: int, trace, opts, screen: Screen) -> int | None:
+    """How many units let the whole view fit the screen's height (None: no limit, as in a pipe), measured by
+    laying it out with one unit: what its titles, legends and column labels take at this width, wrapped."""
+    if not screen.height:
+        return None
+    trial = Gates(ids, len(ids) - trace.h.shape[1], kind, layer, trace, [0], False)
+    used = height_of(gate_lines(tokenizer, trial, opts, replace(screen, height=None)), screen.width) + 1  # + prompt
+    return max(1, 1 + (screen.height - used) // (len(panels(trace)) + 1))
 
 
 def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:

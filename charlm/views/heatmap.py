@@ -270,6 +270,17 @@ def fit_map(
     return start, stop, 2 if 2 * (stop - start) <= available else 1
 
 
+def height_of(lines: list, width: int) -> int:
+    """Terminal lines `lines` take at this width: prose wraps at spaces (as Rich prints it), a grid line never
+    wraps (it is cropped)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width)
+    return sum(1 if line.no_wrap else max(1, len(line.wrap(console, width))) for line in lines)
+
+
 def print_blocks(console, blocks: list, ascii: bool) -> None:
     """Print laid-out blocks (lists of Text lines or other renderables), a blank line between blocks."""
     for k, block in enumerate(blocks):

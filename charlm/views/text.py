@@ -146,8 +146,12 @@ def keys_unechoed(stream=None):
         import termios
 
         fd = stream.fileno()
-        saved = termios.tcgetattr(fd)
-    except (ImportError, OSError, ValueError, AttributeError):  # not a terminal (or no termios: Windows)
+        saved = termios.tcgetattr(fd) if stream.isatty() else None
+    except (ImportError, OSError, ValueError, AttributeError):  # no termios (Windows), no file descriptor
+        saved = None
+    except termios.error:
+        saved = None
+    if saved is None:
         yield
         return
     quiet = list(saved)
