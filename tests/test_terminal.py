@@ -379,3 +379,40 @@ def test_gates_fits_the_screen_with_as_many_units_as_there_is_room_for(view_runs
     assert len(lines) + 1 <= rows, "\n".join(lines)  # everything on one screen, with the shell's prompt after it
     shown = int(re.search(r"(\d+) of 32 units", "\n".join(lines)).group(1))
     assert shown == {80: 1, 120: 5, 200: 8}[cols], "\n".join(lines)  # 8: the default, all there is room for
+
+
+@pytest.mark.parametrize("cols,rows", SIZES)
+def test_attn_fits_the_screen_and_uses_its_width(view_runs, cols, rows, tmp_path):
+    """Found: at 60×20 attn lost its first lines and half its legend off the top (its legends wrap there); at
+    200×50 the map used 96 of 200 columns."""
+    text = "ROMEO: But soft, what light through yonder"
+    lines = on_screen(tmp_path, (cols, rows), "attn", view_runs["tf"], text)
+    assert len(lines) + 1 <= rows, "\n".join(lines)  # with the shell's prompt after it
+    assert lines[0].startswith("scale:") and any(line.startswith("rows: each token") for line in lines)
+    if rows >= 40:  # room for every token: the map widens its cells to the width
+        assert max(map(len, lines)) >= 0.8 * cols, "\n".join(lines)
+
+
+def test_attn_says_when_a_rows_largest_weight_is_left_of_the_window(view_runs):
+    """Found: a row shaded against a maximum outside the visible window looked faint, and nothing said why."""
+    from charlm import checkpoint
+    from charlm.commands.look import attention
+    from charlm.config import AttnConfig
+    from charlm.views.attention import map_lines
+    from charlm.views.heatmap import Screen
+
+    ck = checkpoint.load(view_runs["tf"])
+    ids = ck.tokenizer.encode("ROMEO: But soft, what light through yonder window breaks?")
+    marks = []
+    for tokens in (8, 30):
+        opts = AttnConfig(tokens=tokens)
+        att = attention(ck.model, ck.tokenizer, ids, opts)
+        lines = [line.plain for line in map_lines(ck.tokenizer, att, opts, Screen(100))]
+        first = len(ids) - tokens - att.offset  # the window's first row, counted in the model's view
+        w = att.chosen
+        off = [att.offset + i for i in range(first, len(w)) if int(w[i, : i + 1].argmax()) < first]
+        marked = [int(m.group(1)) for line in lines if (m := re.match(r"^\s*(\d+) .*←\d\.\d\d$", line))]
+        assert marked == off, "\n".join(lines)
+        assert ("←: the row's largest weight is on a token left of the window" in lines) == bool(off)
+        marks.append(bool(off))
+    assert any(marks)  # the case the finding is about does occur here

@@ -32,6 +32,7 @@ from charlm.views.heatmap import (
     clip_label,
     fit_map,
     heatmap_lines,
+    height_of,
     legend,
     level_style,
     pad,
@@ -53,38 +54,61 @@ def _title(att: Attention) -> str:
     )
 
 
+MAX_CELL = 4  # characters per column the map may widen to, to use a wide terminal
+
+
 def map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
-    """The heat map of the chosen head (or layer mean), fitted to the screen."""
+    """The heat map of the chosen head (or layer mean), fitted to the screen: its width, and on a terminal its
+    height, measured with the legends and titles as they wrap at this width (nothing scrolls off the top)."""
+    labels = [token_label(tokenizer, t, screen.ascii) for t in att.ids[att.offset :]]
+    header = min(MAX_HEADER, max(len(x) for x in labels))
+    if not screen.height:
+        return _map_lines(tokenizer, att, opts, screen, labels, None)
+    # the prompt after it, and the line above it when the model sees only the text's last tokens
+    room = screen.height - 1 - (1 if att.offset else 0)
+    rows = room - 6 - header  # a first guess: legend, rows line, title, footer, column labels
+    for _ in range(4):
+        lines = _map_lines(tokenizer, att, opts, screen, labels, max(2, rows))
+        over = height_of(lines, screen.width) - room
+        if over <= 0 or rows <= 2:
+            break
+        rows -= over
+    return lines
+
+
+def _map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen, labels, rows) -> list[Text]:
     ids, offset, w, ascii = att.ids, att.offset, att.chosen, screen.ascii
-    labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
     digits = len(str(len(ids) - 1))
     label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
     row_w = digits + 1 + label_w + 1  # "<pos> <token> "
     note_w = 5  # " 0.93": the row's largest weight
-    header = min(MAX_HEADER, max(len(x) for x in labels))
-    # one row per token: besides them, the legend (2 lines), title, column labels, footer, a note, the prompt
-    rows = screen.height - 7 - header if screen.height else None
-    start, stop, cell = fit_map(screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows)
+    start, stop, cell = fit_map(
+        screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows, max_cell=MAX_CELL
+    )
     n = stop - start
     a, b = start - offset, stop - offset
     values = w[a:b, a:b]
     drawn = np.tril(np.ones((n, n), dtype=bool))  # query i sees keys 0..i: the rest is never drawn
     # each row's scale is its largest weight over every key it saw, also those left of the window, so a
-    # row that mostly looks off-screen stays faint
+    # row that mostly looks off-screen stays faint: its note says so with an arrow
     row_max = w[a:b, :b].max(axis=1)
+    off_screen = w[a:b, :b].argmax(axis=1) < a
     vmax = row_max if opts.scale == "row" else 1.0
     row_labels = [
         pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
         for p in range(start, stop)
     ]
-    notes = [f" {m:.2f}" for m in row_max]
+    left = "<" if ascii else "←"
+    notes = [f"{left if off else ' '}{m:.2f}" for m, off in zip(row_max, off_screen)]
     # the legend first: what the shades mean stays on screen above the map, never scrolls away below it
     what = "each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1"
     lines = [
         legend(ascii, "1" if opts.scale == "abs" else "row max", what),
         Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
-        Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"),
     ]
+    if off_screen.any():
+        lines.append(Text(f"{left}: the row's largest weight is on a token left of the window", style="dim"))
+    lines.append(Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"))
     lines += heatmap_lines(
         values,
         row_labels,

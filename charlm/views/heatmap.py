@@ -257,17 +257,18 @@ def fit_map(
     tokens: int | None,
     end: int | None,
     max_rows: int | None = None,
+    max_cell: int = 2,
 ) -> tuple[int, int, int]:
     """(start, stop, cell) for a map `width` cells wide with row labels row_w and row notes note_w wide:
     the token positions [start, stop) shown (see `window`; at most max_rows of them unless `tokens` asks,
     so a map whose rows are tokens fits the screen's height) and the cells per column (two look square;
-    one when space is short)."""
+    one when space is short; up to max_cell when the width has room for them: the map uses the width given)."""
     available = width - row_w - note_w
     if available < 2:
         raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
     fits = available if max_rows is None or tokens is not None else max(2, min(available, max_rows))
     start, stop = window(first, n_total, fits, tokens, end)
-    return start, stop, 2 if 2 * (stop - start) <= available else 1
+    return start, stop, max(1, min(max_cell, available // (stop - start)))
 
 
 def height_of(lines: list, width: int) -> int:
