@@ -363,7 +363,7 @@ def on_screen(tmp_path, size, *args) -> list[str]:
     child.close()
     assert child.exitstatus == 0, child.before
     raw = child.before
-    screen = strip_ansi(raw[raw.rfind("\x1b[?25h") :] if "\x1b[?25h" in raw else raw)  # after the spinner goes
+    screen = strip_ansi(raw[raw.find("\x1b[?25h") :] if "\x1b[?25h" in raw else raw)  # after the spinner goes
     lines = [line for line in screen.split("\n")]
     lines = lines[:-1] if lines and not lines[-1].strip() else lines
     assert max(map(len, lines)) <= size[0], screen
@@ -416,3 +416,16 @@ def test_attn_says_when_a_rows_largest_weight_is_left_of_the_window(view_runs):
         assert ("←: the row's largest weight is on a token left of the window" in lines) == bool(off)
         marks.append(bool(off))
     assert any(marks)  # the case the finding is about does occur here
+
+
+def test_compare_panels_fold_a_long_word_instead_of_cutting_it(cmp_runs, tmp_path):
+    """Found: compare's side-by-side panels cut long "words" with an ellipsis."""
+    word = "thecatsatonthematandthedograntothelog" * 2  # 74 characters: longer than a panel at 80 columns
+    child = pty(tmp_path, "compare", cmp_runs["lstm"], cmp_runs["tf"], "-p", word, "-n", "2", size=(80, 24))
+    child.expect(pexpect.EOF)
+    screen = strip_ansi(re.sub(r"\x1b\[\d*A", "\n", child.before))  # each redraw of the live view on new lines
+    last = screen[screen.rfind("╭─ cmp-lstm") :].splitlines()  # the live view's last frame
+    panel = [line for line in last if line.startswith("│")]
+    assert panel and "…" not in "".join(panel)
+    left = "".join(line.split("│")[1].strip() for line in panel)
+    assert word in left, screen

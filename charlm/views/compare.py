@@ -113,6 +113,7 @@ class CompareView:
             body = Text.assemble((safe_text(p.prompt), "dim"), safe_text(p.output))
             if p.note:
                 body = Text(safe_text(p.note), style="yellow")
+            body.overflow = "fold"  # a word longer than the column folds onto the next line, never ends in …
             panels.append(Panel(body, title=title, subtitle=sub, title_align="left", subtitle_align="left"))
         if self.console.width // len(panels) < MIN_COLUMN:
             return Group(*panels)
