@@ -429,3 +429,15 @@ def test_compare_panels_fold_a_long_word_instead_of_cutting_it(cmp_runs, tmp_pat
     assert panel and "…" not in "".join(panel)
     left = "".join(line.split("│")[1].strip() for line in panel)
     assert word in left, screen
+
+
+def test_gates_ascii_glyphs_mean_one_thing_each(view_runs):
+    """Found: in gates --ascii, - and + meant middling gate values in the gate panels and a sign in the sign legend;
+    _ was both the space label and the strongest negative value."""
+    from charlm.views.heatmap import GATES_ASCII_RAMP, SIGNED_RAMPS
+
+    out = cli("gates", view_runs["lstm"], "To be, or not", "--ascii", "--units", "3", "--width", "100").stdout
+    pos, neg = SIGNED_RAMPS[True]
+    assert not (set(GATES_ASCII_RAMP) - set(" .@")) & set(pos + neg)  # faint . and strongest @ alike in both
+    assert "_" not in pos + neg and "_" in out  # _ is the space label only
+    assert "scale: " + GATES_ASCII_RAMP[1:] in out and "sign: + " + pos[1:] + "  - " + neg[1:] in out

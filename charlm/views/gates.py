@@ -17,7 +17,9 @@ from rich.text import Text
 
 from charlm.models.probes import Gates
 from charlm.views.heatmap import (
+    GATES_ASCII_RAMP,
     MAX_HEADER,
+    UNICODE_RAMP,
     Screen,
     fit_map,
     heatmap_lines,
@@ -78,11 +80,12 @@ def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:
     units = g.units
     row_labels = [f"u{u}" for u in units]
 
+    chars = GATES_ASCII_RAMP if ascii else UNICODE_RAMP  # (in ASCII, no glyph of the sign legend)
     how = "chosen" if g.chosen else "whose gates change most"
     sym = "c" if trace.c is not None else "h"
     # the legends first: they stay on screen above the maps instead of scrolling away below them
     lines = [
-        legend(ascii, "1", "gates; a gate row's mean is at its right"),
+        legend(ascii, "1", "gates; a gate row's mean is at its right", chars),
         signed_legend(
             ascii,
             f"the {'cell' if sym == 'c' else 'hidden'} state {sym}; each row scaled to its "
@@ -104,7 +107,9 @@ def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:
         values = gates[name][:, units].T  # (units, n)
         notes = [f" {m:.2f}" for m in values.mean(axis=1)]
         lines += [Text(), Text(title, style="bold")]
-        lines += heatmap_lines(values, row_labels, col_labels, vmax=1.0, ascii=ascii, cell=cell, row_notes=notes)
+        lines += heatmap_lines(
+            values, row_labels, col_labels, vmax=1.0, ascii=ascii, cell=cell, row_notes=notes, chars=chars
+        )
 
     # the memory itself: the LSTM's cell state (the GRU's hidden state), signed, then its size over time
     state = (trace.c if trace.c is not None else trace.h)[0, a:b].float().cpu().numpy()  # (n, H)
