@@ -43,6 +43,7 @@ def train(where: Path, kind: str) -> Path:
 def commands(tf: Path, lstm: Path) -> dict[str, list[str]]:
     heldout = str(ROOT / "corpora" / "heldout-sonnets.txt")
     return {
+        "--version": ["--version"],  # the floor: Python, Click and charlm's command line, no model
         "chat": ["chat", str(tf)],
         "sample": ["sample", str(tf), "-p", "ROMEO:", "-n", "20", "--seed", "1"],
         "compare": ["compare", str(tf), str(lstm), "-p", "ROMEO:", "-n", "20", "--seed", "1"],

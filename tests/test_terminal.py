@@ -292,7 +292,7 @@ def test_a_prompt_longer_than_the_context_is_cut_with_a_word_and_the_counter_is_
     chat_session("/set max_tokens 5")
     out = chat_session(long)
     assert "the prompt is 109 tokens: the model sees its last 48 (its context)" in out
-    assert "context 48/48: the model sees the last 48 of 114 tokens" in " ".join(out.split())
+    assert "context: the last 48 of 114 tokens" in " ".join(out.split())
     assert re.search(r"running text\s+114 tokens \(the model sees the last 48\)", chat_session("/show"))
     short = chat_session("ROMEO:")
     assert "context 11/48" in short and "sees its last" not in short

@@ -71,7 +71,7 @@ def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
     if window is None:
         parts.append(f"state after {total:,} tokens (no context limit)")
     elif total > window:
-        parts.append(f"context {window}/{window}: the model sees the last {window} of {total:,} tokens")
+        parts.append(f"context: the last {window} of {total:,} tokens")
     else:
         parts.append(f"context {total}/{window}")
     return Text(("stopped · " if stopped else "") + " · ".join(parts), style="dim")
