@@ -441,3 +441,18 @@ def test_gates_ascii_glyphs_mean_one_thing_each(view_runs):
     assert not (set(GATES_ASCII_RAMP) - set(" .@")) & set(pos + neg)  # faint . and strongest @ alike in both
     assert "_" not in pos + neg and "_" in out  # _ is the space label only
     assert "scale: " + GATES_ASCII_RAMP[1:] in out and "sign: + " + pos[1:] + "  - " + neg[1:] in out
+
+
+@pytest.mark.parametrize("cols,rows", SIZES[1:])
+def test_attn_overview_fits_the_screen_and_uses_its_width(view_runs, cols, rows, tmp_path):
+    """Found: at 60×20 --overview showed only layers 2-3 (the rest scrolled off); at 200×50 it used 43 columns,
+    with 9-token maps (6 at 120×40): one row of maps per layer. The maps now flow across layers. (At 60×20 the
+    4 heads × 2 layers of 6-token maps, their titles and notes take 22 lines: answered in the issue's note.)"""
+    text = "ROMEO: But soft, what light through yonder window breaks?"
+    lines = on_screen(tmp_path, (cols, rows), "attn", view_runs["tf"], text, "--overview")
+    assert len(lines) + 1 <= rows, "\n".join(lines)
+    assert lines[0].startswith("attention overview") or lines[1].startswith("attention overview")
+    tokens = re.search(r"tokens (\d+)\.\.(\d+)", "\n".join(lines))
+    shown = int(tokens.group(2)) - int(tokens.group(1)) + 1
+    if cols >= 120:
+        assert shown >= 12 and max(map(len, lines)) >= 0.7 * cols, "\n".join(lines)

@@ -43,6 +43,11 @@ from charlm.views.heatmap import (
     window,
 )
 
+D_NOTE = Text(
+    "d: mean distance looked back (tokens) · a bright diagonal is a local head, spread-out columns a global one",
+    style="dim",
+)
+OVERVIEW_MAX = 64  # tokens per small map on a terminal large enough for them
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
 
@@ -125,7 +130,8 @@ def _map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen, labe
 
 
 def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
-    """Every head as a small map of the last tokens, one row of maps per layer (wrapped to the width)."""
+    """Every head as a small map of the last tokens, layer after layer, as many side by side as the width
+    holds; on a terminal the maps take the largest size (6..64 tokens) that lets all of them fit its height."""
     ids, offset, weights, width, ascii = att.ids, att.offset, att.weights, screen.width, screen.ascii
     L, H = weights.shape[:2]
     gap = 2
@@ -133,9 +139,18 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
     if size < 2:
         raise ConfigError(f"width {width} is too narrow for the overview")
-    if screen.height and not opts.tokens:  # every layer's row of maps on one screen: smaller maps, down to 6 tokens
-        tiles_down = L * -(-H // max(1, (width + gap) // (max(size, 6) + gap)))
-        size = max(6, min(size, (screen.height - 6) // tiles_down - 2))
+    if screen.height and not opts.tokens:  # every map on one screen: the largest size that fits, down to 6 tokens
+        title = Text(f"attention overview: {L} layers × {H} heads, tokens {len(ids)}..{len(ids)}")
+        # the title, the notes as they wrap at this width, the text line, a line above when the text is longer
+        # than the context, and the shell's prompt after
+        prose = height_of([title, D_NOTE, _extremes(att.stats)], width) + 2 + (1 if offset else 0)
+
+        def tall(k: int) -> int:  # lines the maps of k tokens take, and the prose
+            per_line = max(1, (width + gap) // (max(k, 6) + gap))
+            return -(-L * H // per_line) * (k + 2) + prose
+
+        most = min(OVERVIEW_MAX, len(ids) - offset)  # a wide, tall terminal: larger maps, up to the text shown
+        size = max([k for k in range(6, most + 1) if k <= width and tall(k) <= screen.height] or [6])
     start, stop = window(offset, len(ids), size, size, opts.end)
     n = stop - start
     tile = max(n, 6)  # room for a title like "L0H1"
@@ -145,35 +160,30 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     a, b = start - offset, stop - offset
     drawn = np.tril(np.ones((n, n), dtype=bool))
     out = [Text(f"attention overview: {L} layers × {H} heads, tokens {start}..{stop - 1}", style="bold")]
-    for layer in range(L):
-        for first in range(0, H, per_line):
-            heads = range(first, min(H, first + per_line))
-            block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
-            for k, head in enumerate(heads):
-                s = stats[(layer, head)]
-                if k:
-                    for line in block:
-                        line.append(" " * gap)
-                block[0].append(pad(clip_label(f"L{layer}H{head}", tile, ascii), tile), "bold")
-                block[1].append(pad(clip_label(f"d {s.distance:.1f}", tile, ascii), tile), "dim")
-                values = weights[layer, head, a:b, a:b]
-                row_max = np.where(drawn, values, 0).max(axis=1)
-                for r in range(n):
-                    line = block[r + 2]
-                    for c in range(n):
-                        level = shade_index(float(values[r, c]), float(row_max[r]), len(chars)) if drawn[r, c] else 0
-                        line.append(chars[level], level_style(level, len(chars)))
-                    line.append(" " * (tile - n))
-            out += block
+    maps = [(layer, head) for layer in range(L) for head in range(H)]
+    for first in range(0, len(maps), per_line):
+        block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
+        for k, (layer, head) in enumerate(maps[first : first + per_line]):
+            s = stats[(layer, head)]
+            if k:
+                for line in block:
+                    line.append(" " * gap)
+            block[0].append(pad(clip_label(f"L{layer}H{head}", tile, ascii), tile), "bold")
+            block[1].append(pad(clip_label(f"d {s.distance:.1f}", tile, ascii), tile), "dim")
+            values = weights[layer, head, a:b, a:b]
+            row_max = np.where(drawn, values, 0).max(axis=1)
+            for r in range(n):
+                line = block[r + 2]
+                for c in range(n):
+                    level = shade_index(float(values[r, c]), float(row_max[r]), len(chars)) if drawn[r, c] else 0
+                    line.append(chars[level], level_style(level, len(chars)))
+                line.append(" " * (tile - n))
+        out += block
     text = "".join(token_label(tokenizer, t, ascii) for t in ids[start:stop])
     out.append(Text("text: ", style="dim") + Text(clip_label(text, max(1, width - 6), ascii)))
     out.insert(
         1,
-        Text(
-            "d: mean distance looked back (tokens) · a bright diagonal is a local head, "
-            "spread-out columns a global one",
-            style="dim",
-        ),
+        D_NOTE,
     )
     out += [_extremes(att.stats)]
     return out
