@@ -456,3 +456,13 @@ def test_attn_overview_fits_the_screen_and_uses_its_width(view_runs, cols, rows,
     shown = int(tokens.group(2)) - int(tokens.group(1)) + 1
     if cols >= 120:
         assert shown >= 12 and max(map(len, lines)) >= 0.7 * cols, "\n".join(lines)
+
+
+def test_the_command_line_draws_before_numpy_or_torch_load():
+    """What runs before the first spinner frame: the command line itself, which imported numpy (0.2-0.6 s on a
+    busy 2-core machine) through charlm.commands' error list."""
+    import subprocess
+
+    probe = "import sys, charlm.cli; print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -16,15 +16,17 @@ from __future__ import annotations
 import os
 import sys
 
-from charlm import files
-from charlm.checkpoint import CheckpointError
 from charlm.config import ConfigError
-from charlm.data import CorpusError
-from charlm.tokenizer import UnknownCharactersError
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """What the user can fix: bad settings, files and checkpoints; a run that diverged."""
+    """What the user can fix: bad settings, files and checkpoints; a run that diverged. (Imported here, not at the
+    top: the command line imports this module before it draws anything, and these bring in numpy.)"""
+    from charlm import files
+    from charlm.checkpoint import CheckpointError
+    from charlm.data import CorpusError
+    from charlm.tokenizer import UnknownCharactersError
+
     errors = [ConfigError, CorpusError, CheckpointError, UnknownCharactersError, files.WriteError]
     if "charlm.train" in sys.modules:  # (imported by the commands that train: never loaded just for this)
         errors.append(sys.modules["charlm.train"].TrainingDiverged)
