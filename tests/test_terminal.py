@@ -466,3 +466,13 @@ def test_the_command_line_draws_before_numpy_or_torch_load():
     probe = "import sys, charlm.cli; print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_compare_of_char_and_bpe_says_what_n_counts(cmp_runs):
+    """Found: -n counts tokens, so compare of a char and a BPE model shows panels of very different lengths,
+    without a word. (-n stays a count of tokens, as in sample, chat and ollama's num_predict; the note says so.)"""
+    r = cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "-p", "the cat", "-n", "20", "--seed", "1")
+    notes = " ".join(r.stdout.split())
+    assert "--max-tokens 20 counts tokens, and a bpe token holds several characters" in notes
+    same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1").stdout
+    assert "counts tokens" not in same

@@ -210,6 +210,13 @@ class CompareView:
             f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
             + " · ".join([f"temperature {s.temperature:g}", *changed])
         )
+        kinds = {p.ckpt.tokenizer.kind for p in self.players}
+        if len(kinds) > 1:  # -n counts tokens, and a BPE token holds several characters: say what each wrote
+            wrote = " · ".join(f"{p.ckpt.name} {len(p.output):,}" for p in self.players if p.tokens)
+            lines.append(
+                f"--max-tokens {s.max_tokens} counts tokens, and a bpe token holds several characters: "
+                f"characters written: {wrote} (chars/s compares the rates on characters)"
+            )
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
             f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "
