@@ -372,7 +372,10 @@ def runs_(directory, as_json):
     if as_json:
         print_json(rows)
     elif not rows:
-        err_console().print(safe(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"))
+        # soft_wrap: the terminal folds the line, and copying it gives the command whole
+        err_console().print(
+            safe(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"), soft_wrap=True
+        )
     else:
         render_runs(out_console(), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
 
