@@ -51,7 +51,7 @@ def resolve(path: str | Path) -> Path:
     """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
     p = Path(path)
     if not p.exists():
-        p = _run_named(str(path))
+        raise CheckpointError(f"no such checkpoint: {p}")
     if p.is_dir():
         for name in ("best.pt", "last.pt"):
             if (p / name).is_file():
@@ -60,21 +60,6 @@ def resolve(path: str | Path) -> Path:
     if not p.is_file():  # a FIFO or a device: opening it could wait for ever
         raise CheckpointError(f"{p} is not a regular file: give a checkpoint file or a run directory")
     return p
-
-
-def _run_named(name: str) -> Path:
-    """The run directory `charlm runs` lists under this name (or the only one whose name starts with it)."""
-    from charlm.runs import RUNS, find_runs
-
-    found = find_runs(RUNS) if "/" not in name and name and RUNS.is_dir() else []
-    picked = [r for r in found if r.name == name] or [r for r in found if r.name.startswith(name)]
-    if len(picked) == 1:
-        return picked[0]
-    if picked:
-        names = ", ".join(sorted(r.name for r in picked))
-        raise CheckpointError(f"'{name}' could be {len(picked)} runs in {RUNS}/: {names}; give one whole name")
-    where = f" (charlm runs lists the runs in {RUNS}/)" if found else ""
-    raise CheckpointError(f"no such checkpoint or run: {name}{where}")
 
 
 @dataclass(kw_only=True)

@@ -134,7 +134,23 @@ def command(*configs, name: str | None = None, args=(), json: bool = False, defa
 
 
 def path_argument(name: str, **kw) -> click.Argument:
-    return click.Argument([name], type=click.Path(path_type=str), **kw)
+    return click.Argument([name], type=MODEL if name in ("ckpt", "ckpts") else click.Path(path_type=str), **kw)
+
+
+class ModelPath(click.ParamType):
+    """A checkpoint file, a run directory, or a run's name as `charlm runs` prints it (commands.runs.model_path)."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        if "/" in str(value) or Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
+            return str(value)
+        from charlm.commands.runs import model_path
+
+        return model_path(str(value))
+
+
+MODEL = ModelPath()
 
 
 # the text as an argument, as ollama, llm and litgpt take it (charlm sample RUN "ROMEO:"); -p keeps working
@@ -179,7 +195,8 @@ def train(ctx, corpus, **flags):
 
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     given = runs.given_settings(typed, opts.preset is not None)
-    print_notes(ignored_flags(typed, model_cfg.kind, train_cfg.tokenizer))
+    if not opts.resume:  # (a resumed run refuses them: runs.resume_configs)
+        print_notes(ignored_flags(typed, model_cfg.kind, train_cfg.tokenizer))
     # every rank trains; only rank 0 shows it. soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0), corpus=corpus)
     try:

@@ -29,6 +29,7 @@ from rich.text import Text
 from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.commands import look
+from charlm.commands.runs import model_path
 from charlm.config import (
     NONE_WORDS,
     AttnConfig,
@@ -476,7 +477,7 @@ class Chat(Session):
             raise Hint("usage: /load CKPT (a checkpoint file or a run directory)")
         device = next(self.ckpt.model.parameters()).device
         try:
-            ckpt = checkpoint.load(Path(path).expanduser(), device=str(device))
+            ckpt = checkpoint.load(model_path(str(Path(path).expanduser())), device=str(device))
         except CheckpointError as e:
             raise Hint(f"{e}; still talking to {self.ckpt.name}") from None
         self.talk_to(ckpt, self.gen.use_cache)
