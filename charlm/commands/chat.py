@@ -286,7 +286,7 @@ class Session:
         """/set KEY VALUE (or KEY=VALUE, or ollama's /set parameter KEY VALUE): any SampleConfig field."""
         rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)
         m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)
-        key, value = (m.group(1).lower().replace("-", "_"), unquote(m.group(2).strip())) if m else (rest, "")
+        key, value = (m.group(1).lower().replace("-", "_"), unquote(m.group(2).strip())) if m else ("", "")
         key = ALIASES.get(key, key)
         if key not in SETTINGS:
             usage = f"/set KEY VALUE, with KEY one of {', '.join(SETTINGS)}"
