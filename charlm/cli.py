@@ -5,6 +5,7 @@ torch at the top: --help, argument errors and the commands that only read files 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -19,7 +20,17 @@ from click.core import ParameterSource
 from charlm import config, runs
 from charlm.commands import failure, user_errors
 from charlm.flags import CharlmCommand, config_options, from_flags
-from charlm.views.text import PipeClosed, err_console, out_console, print_error, print_json, print_notes, safe
+from charlm.views.text import (
+    Loading,
+    PipeClosed,
+    err_console,
+    keys_unechoed,
+    out_console,
+    print_error,
+    print_json,
+    print_notes,
+    safe,
+)
 
 _AS_PROGRAM = False  # main() runs as the charlm process itself (not called in-process, as tests do)
 
@@ -73,7 +84,9 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     from charlm.commands.runs import missing
 
     err_console().print(e.ctx.get_usage(), markup=False)  # (Click's parser raised it: its context is there)
-    what = "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a checkpoint file or run directory"
+    what = (
+        "RUN: a run directory" if e.param.name == "run_dirs" else "CKPT: a run name, run directory or checkpoint file"
+    )
     message, found = missing(what)
     print_error(message)
     for run in found:
@@ -86,7 +99,7 @@ def _missing_run(e: click.MissingParameter) -> NoReturn:
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(package_name="charlm")
+@click.version_option(None, "-V", "--version", package_name="charlm")
 @click.pass_context
 def main(ctx):
     """Train small character- and BPE-level language models (LSTM, GRU, Transformer) on any text file,
@@ -98,6 +111,20 @@ def main(ctx):
         click.echo(ctx.get_help())
 
 
+@main.command(name="help", cls=CharlmCommand, short_help="Show a command's --help: charlm help train.")
+@click.argument("name", required=False, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx, name):
+    """Show a command's --help (charlm help train), or the list of commands."""
+    group = ctx.parent.command
+    if name is None:
+        return click.echo(ctx.parent.get_help())
+    cmd = group.get_command(ctx, name)
+    if cmd is None:
+        group.resolve_command(ctx, [name])  # an unknown name: the error, with what it may have meant
+    click.echo(cmd.get_help(click.Context(cmd, info_name=name, parent=ctx.parent)))
+
+
 def command(*configs, name: str | None = None, args=(), json: bool = False, defaults=None, **kw):
     """A charlm command: its arguments, the options of each config class (from its fields), and --json where
     it prints JSON; its --help ends with its examples from examples.txt."""
@@ -107,7 +134,36 @@ def command(*configs, name: str | None = None, args=(), json: bool = False, defa
 
 
 def path_argument(name: str, **kw) -> click.Argument:
-    return click.Argument([name], type=click.Path(path_type=str), **kw)
+    return click.Argument([name], type=MODEL if name in ("ckpt", "ckpts") else click.Path(path_type=str), **kw)
+
+
+class ModelPath(click.ParamType):
+    """A checkpoint file, a run directory, or a run's name as `charlm runs` prints it (commands.runs.model_path)."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        if "/" in str(value) or Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
+            return str(value)
+        from charlm.commands.runs import model_path
+
+        return model_path(str(value))
+
+
+MODEL = ModelPath()
+
+
+# the text as an argument, as ollama, llm and litgpt take it (charlm sample RUN "ROMEO:"); -p keeps working
+PROMPT_ARGUMENT = click.Argument(["text"], required=False, metavar="[PROMPT]")
+
+
+def positional_prompt(text: str | None, flags: dict) -> dict:
+    """flags with the PROMPT argument as --prompt."""
+    if text is None:
+        return flags
+    if flags.get("prompt") is not None or flags.get("prompt_file") is not None:
+        raise config.ConfigError("give the text once: as an argument, or with --prompt/--prompt-file")
+    return {**flags, "prompt": text}
 
 
 @command(
@@ -139,6 +195,8 @@ def train(ctx, corpus, **flags):
 
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     given = runs.given_settings(typed, opts.preset is not None)
+    if not opts.resume:  # (a resumed run refuses them: runs.resume_configs)
+        print_notes(ignored_flags(typed, model_cfg.kind, train_cfg.tokenizer))
     # every rank trains; only rank 0 shows it. soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0), corpus=corpus)
     try:
@@ -152,24 +210,49 @@ def train(ctx, corpus, **flags):
     view.finish(result)
 
 
+def ignored_flags(typed: set[str], kind: str, tokenizer: str) -> list[str]:
+    """A note for each flag typed that means nothing for this run (--heads for an LSTM, --vocab-size for chars)."""
+    from dataclasses import fields
+
+    notes = []
+    for cls, run_is in ((config.ModelConfig, kind), (config.TrainConfig, tokenizer)):
+        for f in fields(cls):
+            only = f.metadata.get("applies_to")
+            if only and only != run_is and f.name in typed:
+                notes.append(f"--{config.flag_name(f)} applies to {only} runs only: ignored for this {run_is} run")
+    return notes
+
+
 @command(
     config.PromptOptions,
     config.SampleConfig,
     config.SampleOptions,
-    args=[path_argument("ckpt")],
+    args=[path_argument("ckpt"), PROMPT_ARGUMENT],
     defaults={"max_tokens": 500},
+    json=True,
 )
-def sample(ckpt, **flags):
-    """Continue a prompt with CKPT, streaming plain text to stdout (ready for pipes)."""
+def sample(ckpt, text, as_json, **flags):
+    """Continue a prompt with CKPT (a run name, run directory or checkpoint file), streaming plain text to
+    stdout (ready for pipes). The prompt: PROMPT, --prompt, --prompt-file or stdin."""
+    flags = positional_prompt(text, flags)
     where, settings, opts = (
         from_flags(c, flags) for c in (config.PromptOptions, config.SampleConfig, config.SampleOptions)
     )
-    from charlm.commands.generate import read_prompt
-    from charlm.commands.generate import sample as generate
-    from charlm.generate import Stats
-    from charlm.views.chat import print_samples
+    with Loading(f"loading {ckpt}"):
+        from charlm.commands.generate import read_prompt
+        from charlm.commands.generate import sample as generate
+        from charlm.generate import Stats
+        from charlm.views.chat import print_samples
 
-    done = print_samples(out_console(), generate(ckpt, read_prompt(where), settings, opts), opts.echo)
+        samples = generate(ckpt, read_prompt(where), settings, opts)
+        first = next(samples)  # the model loaded and the prompt read
+    if first.streamer.sliding and first.prompt_tokens > first.streamer.context:
+        print_notes([f"the prompt is {first.prompt_tokens} tokens: the model sees its last {first.streamer.context}"])
+    if as_json:  # each sample whole, with its numbers, once it is done
+        found = [{"text": "".join(c.pieces), **c.stats.to_dict()} for c in itertools.chain([first], samples)]
+        return print_json({"prompt": first.prompt, "prompt_tokens": first.prompt_tokens,
+                           "settings": settings.to_dict(), "samples": found})  # fmt: skip
+    done = print_samples(out_console(), itertools.chain([first], samples), opts.echo)
     if opts.stats:
         stats = {**Stats.total(done).to_dict(), "samples": opts.num_samples, "cache": not opts.no_cache}
         click.echo(json.dumps(stats), err=True)
@@ -179,41 +262,55 @@ def sample(ckpt, **flags):
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.ChatOptions, flags)
-    from charlm.commands.chat import chat as talk
+    with keys_unechoed():  # keys typed while it loads wait for the prompt, never above the banner
+        with Loading(f"loading {ckpt}"):
+            from charlm.commands.chat import open_chat
 
-    talk(ckpt, settings, opts, console=out_console())
+            session = open_chat(ckpt, settings, opts, console=out_console())
+        session.start()
+    session.loop()
 
 
-def _look(cls, ckpt, flags):
+def _look(cls, ckpt, text, flags):
     """(checkpoint, its tokens of the text, view options, console, screen) for attn and gates."""
+    flags = positional_prompt(text, flags)
     view, where = from_flags(cls, flags), from_flags(config.LookOptions, flags)
-    from charlm.commands.look import load_text
-    from charlm.views.heatmap import Screen
+    with Loading(f"loading {ckpt}"):
+        from charlm.commands.look import load_text
+        from charlm.views.heatmap import Screen
 
+        ck, ids = load_text(ckpt, where)
     console = out_console(width=where.width)
-    return *load_text(ckpt, where), view, console, Screen.of(console, view.ascii, flags=True)
+    return ck, ids, view, console, Screen.of(console, view.ascii, flags=True)
 
 
-@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt")])
-def attn(ckpt, **flags):
-    """Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps (by
+@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+def attn(ckpt, text, as_json, **flags):
+    """Show a transformer's attention on a text (PROMPT, --prompt, --prompt-file or stdin) as terminal heat maps (by
     default: the last layer, mean over heads)."""
-    ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, flags)
-    from charlm.commands.look import attention
+    ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, text, flags)
+    from charlm.commands.look import attention, attention_summary
     from charlm.views.attention import draw_attention
 
+    if as_json:
+        return print_json(attention_summary(ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view)))
     draw_attention(console, ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view), view, screen)
 
 
-@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt")])
-def gates(ckpt, **flags):
+@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+def gates(ckpt, text, as_json, **flags):
     """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over a text
-    (--prompt, --prompt-file or stdin)."""
-    ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, flags)
+    (PROMPT, --prompt, --prompt-file or stdin)."""
+    ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, text, flags)
     from charlm.commands.look import gates as trace
-    from charlm.views.gates import draw_gates, fitting_units, panels
+    from charlm.commands.look import gates_summary
+    from charlm.views.gates import draw_gates, units_that_fit
 
-    fits = lambda t: fitting_units(len(panels(t)), screen.height)  # noqa: E731
+    if as_json:  # no screen to fit: the default units, or those --units names
+        return print_json(gates_summary(ck.tokenizer, trace(ck.model, ids, view)))
+
+    layer = ck.model_config.n_layers - 1 if view.layer is None else view.layer
+    fits = lambda t: units_that_fit(ck.tokenizer, ids, ck.model_config.kind, layer, t, view, screen)  # noqa: E731
     draw_gates(console, ck.tokenizer, trace(ck.model, ids, view, fits), view, screen)
 
 
@@ -239,11 +336,12 @@ def eval_(ckpt, file, as_json, **flags):
     """Loss, perplexity and bits per character of CKPT on any text FILE. Bits per byte too, over the whole
     file: the Transformer reads it in overlapping windows of its context, an LSTM/GRU in one pass."""
     opts = from_flags(config.EvalOptions, flags)
-    from charlm.commands.evaluate import evaluate
-    from charlm.views.eval import EvalProgress, render_eval
+    with Loading(f"loading {ckpt}") as loading:
+        from charlm.commands.evaluate import evaluate
+        from charlm.views.eval import EvalProgress, render_eval
 
-    with EvalProgress(err_console()) as progress:
-        done = evaluate(ckpt, file, opts, progress)
+        with EvalProgress(err_console(), before=loading) as progress:
+            done = evaluate(ckpt, file, opts, progress)
     print_json(done.summary()) if as_json else render_eval(out_console(), done.ckpt, done.file, done.result)
 
 
@@ -259,12 +357,13 @@ def compare(ckpts, as_json, **flags):
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.CompareOptions, flags)
     if as_json and opts.interactive:
         raise config.ConfigError("--json prints one run: drop --interactive or --json")
-    from charlm.commands.compare import CompareSession
-    from charlm.commands.compare import compare as load
-    from charlm.views.compare import CompareView
-    from charlm.views.eval import EvalProgress
+    with Loading(f"loading {len(ckpts)} models"):
+        from charlm.commands.compare import CompareSession
+        from charlm.commands.compare import compare as load
+        from charlm.views.compare import CompareView
+        from charlm.views.eval import EvalProgress
 
-    comparison = load(list(ckpts), settings, device=opts.device)
+        comparison = load(list(ckpts), settings, device=opts.device)
     view = CompareView(comparison, out_console())
     if opts.eval_file:
         comparison.evaluate(opts.eval_file, lambda name: EvalProgress(err_console(), f"eval {name}"))
@@ -321,7 +420,10 @@ def runs_(directory, as_json):
     if as_json:
         print_json(rows)
     elif not rows:
-        err_console().print(safe(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"))
+        # soft_wrap: the terminal folds the line, and copying it gives the command whole
+        err_console().print(
+            safe(f"no runs in {root}: train one with charlm train FILE --out {root}/NAME"), soft_wrap=True
+        )
     else:
         render_runs(out_console(), rows, f"{len(rows)} run{'s' * (len(rows) > 1)} in {root}")
 

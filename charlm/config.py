@@ -114,15 +114,21 @@ def check_seed(seed: int | None) -> None:
     _check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?")
+_UNIT = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
-    """'90s', '10m', '1.5h', '120' -> seconds."""
-    m = _DURATION.match(text)
-    _check(m is not None, f"{what}: cannot read duration '{text}': use e.g. 90s, 10m or 1h")
-    value, unit = float(m.group(1)), m.group(2) or "s"
-    seconds = value * {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[unit]
+    """Seconds, from a duration as charlm prints them ('45s', '2m04s', '1h05m', '1.2s') or as people type them
+    ('90', '90 s', '10m', '1m30s', '1.5h', '0:05:30', '5:30')."""
+    t, seconds = text.strip().lower(), None
+    if re.fullmatch(r"\d+(:\d{1,2}){1,2}(\.\d+)?", t):  # [h:]m:s
+        seconds = sum(float(p) * 60**i for i, p in enumerate(reversed(t.split(":"))))
+    elif t and re.fullmatch(rf"(?:{_DURATION.pattern}\s*)+", t):
+        parts = _DURATION.findall(t)
+        if len(parts) == 1 or all(u for _, u in parts):  # '1m30' is not a duration; '1m30s' is
+            seconds = sum(float(v) * _UNIT[u or "s"] for v, u in parts)
+    _check(seconds is not None, f"{what}: cannot read duration '{text}': use e.g. 90s, 10m, 1m30s or 1h")
     _check(seconds > 0, f"{what}: duration must be positive, got '{text}'")
     return seconds
 
@@ -350,7 +356,7 @@ class TrainConfig:
     # seconds; training stops (and the schedule ends) when it runs out
     max_time: float | None = flag(
         None,
-        f"Time budget, e.g. 90s, 10m, 1h [default: {DEFAULT_MAX_TIME / 60:g}m unless --steps].",
+        f"Time budget, e.g. 90s, 10m, 1m30s, 1h [default: {DEFAULT_MAX_TIME / 60:g}m unless --steps].",
         parse=lambda text: parse_duration(text, "--max-time"),
         resumable=True,
         derived=True,

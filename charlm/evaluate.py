@@ -20,8 +20,8 @@ How the text is read:
   left to end at the last token, so it is full-length too. stride = context is the fastest (one
   forward pass per token) but the first tokens of each window see almost nothing; stride = context // 2
   costs two passes per token and gives every token at least half a context, 3/4 on average.
-- LSTM/GRU (no window): the recurrent state is carried from one window to the next, so the result is exactly one
-  pass over the whole text; the windows only bound memory.
+- LSTM/GRU (no window): the text is read in chunks of RNN_CHUNK tokens with the recurrent state carried from
+  one to the next, so the result is exactly one pass over the whole text; the chunks only bound memory.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,12 +150,7 @@ def token_nats(
     context, device = model.cfg.context, next(model.parameters()).device
     n = len(ids)
     if model.window is None:  # an RNN: no window to run out of
-        state = model.new_cache(1)  # carried across windows: exactly one pass over the text
-        for start in range(0, n - 1, context):
-            end = min(start + context, n - 1)
-            w = torch.from_numpy(np.asarray(ids[start : end + 1], dtype=np.int64)).to(device)[None]  # (1, T+1)
-            logits, _ = model(w[:, :-1], cache=state)
-            yield start + 1, _nats(logits, w[:, 1:])[0].double().cpu().numpy()
+        yield from _rnn_nats(model, ids, device)
         return
     stride = context // 2 if stride is None else stride
     if not 1 <= stride <= context:
@@ -168,6 +164,35 @@ def token_nats(
         nats = _nats(model(w[:, :-1])[0], w[:, 1:]).double().cpu().numpy()  # (B, T)
         for (s, e, first), row in zip(group, nats):
             yield first, row[first - s - 1 : e - s]
+
+
+RNN_CHUNK = 1024  # tokens an RNN reads per call: long calls, few of them (the state is carried across)
+
+
+def _rnn_nats(model, ids: np.ndarray, device) -> Iterator[tuple[int, np.ndarray]]:
+    """token_nats for an RNN: one pass over the text, in chunks of RNN_CHUNK tokens that only bound memory
+    (the state is carried from each chunk to the next, so the chunking cannot change a score). On a CPU the
+    recurrence runs on one thread: each step is a small matrix-vector product, which a second thread makes
+    slower, not faster (and far slower when another process holds the other core: every step waits for it)."""
+    state = model.new_cache(1)
+    with _threads(1 if device.type == "cpu" else None):
+        for start in range(0, len(ids) - 1, RNN_CHUNK):
+            end = min(start + RNN_CHUNK, len(ids) - 1)
+            w = torch.from_numpy(np.asarray(ids[start : end + 1], dtype=np.int64)).to(device)[None]  # (1, T+1)
+            logits, _ = model(w[:, :-1], cache=state)
+            yield start + 1, _nats(logits, w[:, 1:])[0].double().cpu().numpy()
+
+
+@contextmanager
+def _threads(n: int | None):
+    """torch's intra-op threads set to n inside the block (None: unchanged), restored after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _token_tables(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:

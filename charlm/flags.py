@@ -79,7 +79,8 @@ def config_options(cls, defaults: dict | None = None) -> list[click.Option]:
         elif m["parse"] or m["derived"] or f.default is None:
             kw.update(type=str if m["parse"] or f.type.startswith("str") else int, default=None)
         else:
-            kw.update(default=(defaults or {}).get(f.name, f.default), show_default=True, type=type(f.default))
+            shown = "[default:" not in m["help"]  # a help that says its default itself ("[default: none]")
+            kw.update(default=(defaults or {}).get(f.name, f.default), show_default=shown, type=type(f.default))
         if m["choices"]:
             kw["type"] = click.Choice(m["choices"])
         options.append(click.Option(decls, **{k: v for k, v in kw.items() if k != "section"}))

@@ -23,7 +23,7 @@ from charlm.config import AttnConfig, ConfigError, ModelConfig
 from charlm.models import build_model
 from charlm.models.probes import head_stats
 from charlm.tokenizer import BPETokenizer, CharTokenizer
-from charlm.views.attention import draw_attention, map_lines
+from charlm.views.attention import MAX_CELL, draw_attention, map_lines
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, Screen, shade_index, token_label
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun."
@@ -126,7 +126,7 @@ def test_map_cells_are_the_right_shades(peaky, tok, ascii, width, tokens, end):
     lines = map_lines(tok, attention(peaky, tok, ids, opts), opts, Screen(width, None, ascii))
     n = len([x for x in lines if ROW.match(x.plain)])
     prefix = len(str(len(ids) - 1)) + 3  # "<pos> <one-char label> "
-    cell = 2 if 2 * n <= width - prefix - NOTE else 1  # two cells per column when the window fits so
+    cell = max(1, min(MAX_CELL, (width - prefix - NOTE) // n))  # wider cells where the width has room
     rows = grid(lines, n, cell)
     assert len(rows) == n and all(cell_len(x.plain) <= width for x in lines if x.no_wrap)  # grid lines never wrap
     ramp = ASCII_RAMP if ascii else UNICODE_RAMP
@@ -477,7 +477,8 @@ def test_bpe_column_labels_read_down_their_column_whole(view_runs):
     title = next(k for k, line in enumerate(lines) if line.startswith("layer "))
     header = lines[title + 1 : first_row]
     assert len(header) == min(6, max(len(x) for x in labels))
-    cell = 2
+    prefix = len(str(len(ids) - 1)) + 1 + min(8, max(cell_len(x) for x in labels)) + 1  # "<pos> <label> "
+    cell = (len(lines[first_row]) - 5 - prefix) // len(ids)  # (wider where the width has room)
     label_start = len(lines[first_row]) - 5 - cell * len(ids)  # the map's first column
     for k, label in enumerate(labels):
         column = "".join(line[label_start + cell * k] if label_start + cell * k < len(line) else " " for line in header)

@@ -43,7 +43,7 @@ def test_command_list_keeps_each_description_whole():
         summary = " ".join((command.short_help or command.help.split("\n\n")[0].split(". ")[0]).split())
         assert f"{name} {summary}" in listing, name
     assert (
-        "attn Show a transformer's attention on a text (--prompt, --prompt-file or stdin) as terminal heat maps "
+        "attn Show a transformer's attention on a text (PROMPT, --prompt, --prompt-file or stdin) as terminal heat maps "
         "(by default: the last layer, mean over heads)." in listing
     )
 
@@ -116,7 +116,7 @@ def test_missing_checkpoint_shows_usage_and_lists_the_runs(gen_runs, tmp_path, m
         r = charlm(command)
         assert r.exit_code == 2 and "Traceback" not in r.output
         lines = r.stderr.strip().splitlines()
-        assert lines[0] == f"Usage: charlm {command} [OPTIONS] CKPT"
+        assert lines[0].startswith(f"Usage: charlm {command} [OPTIONS] CKPT")  # (sample: then [PROMPT])
         assert lines[1].startswith("error: missing CKPT") and "charlm runs" in lines[1]
         assert [line.strip() for line in lines[2:]] == ["checkpoints/shakespeare-lstm", "checkpoints/shakespeare-tf"]
 

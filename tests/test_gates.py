@@ -24,7 +24,7 @@ from charlm.models.probes import LayerTrace, choose_units, trace_model, trace_rn
 from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import draw_gates, fitting_units
 from charlm.views.gates import panels as gate_panels
-from charlm.views.heatmap import ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, Screen, shade_index
+from charlm.views.heatmap import GATES_ASCII_RAMP, SIGNED_RAMPS, UNICODE_RAMP, Screen, shade_index
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\nO Romeo, Romeo!"
 UNIT_ROW = re.compile(r"^\s*u(\d+) ")
@@ -160,7 +160,7 @@ def test_gate_cells_are_the_right_shades(tok, ascii):
     with torch.no_grad():
         t = trace_model(model, torch.tensor([ids]))[0]
     text = render(model, tok, ["0", "units", "3,7,20"] + (["ascii"] if ascii else []), width=200)
-    ramp = ASCII_RAMP if ascii else UNICODE_RAMP
+    ramp = GATES_ASCII_RAMP if ascii else UNICODE_RAMP
     shown = panels(text)
     assert set(shown) >= {"forget", "input", "output", "cell"}
     n = len(ids)

@@ -29,6 +29,7 @@ from rich.text import Text
 from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.commands import look
+from charlm.commands.runs import model_path
 from charlm.config import (
     NONE_WORDS,
     AttnConfig,
@@ -46,17 +47,29 @@ from charlm.runtime import pick_device
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.attention import draw_attention
 from charlm.views.chat import StreamPrinter, print_banner, print_rows, status_line
-from charlm.views.gates import draw_gates, fitting_units, panels
+from charlm.views.gates import draw_gates, units_that_fit
 from charlm.views.heatmap import Screen
-from charlm.views.text import safe_text
+from charlm.views.text import keys_unechoed, safe_text
 
 SETTINGS = [f.name for f in flag_fields(SampleConfig)]
+# other programs' names for the same settings: ollama's (/set parameter num_predict 50), llm's and litgpt's
+ALIASES = {
+    "num_predict": "max_tokens",
+    "max_new_tokens": "max_tokens",
+    "n": "max_tokens",
+    "repeat_penalty": "repetition_penalty",
+    "temp": "temperature",
+    "t": "temperature",
+    "k": "top_k",
+    "p": "top_p",
+}
 SHARED_COMMANDS = {
     "/help": "this list (also /?)",
     "/set": f"/set KEY VALUE: {', '.join(SETTINGS)}",
 }
 QUIT = {"/bye": "leave (also /quit, /exit, Ctrl-D)"}
 QUIT_WORDS = ("/bye", "/quit", "/exit", "/q")
+ALSO = ("/reset",)  # other names of chat's commands (/clear)
 LEAVE_HINT = "Ctrl-D or /bye leaves"
 COMMANDS = {  # chat's, in the order /help lists them
     **SHARED_COMMANDS,
@@ -198,8 +211,15 @@ class Session:
         self.info = self.console if self.interactive else Console(stderr=True, highlight=False)
 
     def run(self) -> None:
+        self.start()
+        self.loop()
+
+    def start(self) -> None:
         if self.interactive:
-            self.banner()
+            with keys_unechoed():  # keys typed meanwhile wait for the prompt
+                self.banner()
+
+    def loop(self) -> None:
         lines = iter(LineReader(self.console, self.interactive, self.COMMANDS))
         try:
             for line, fenced in lines:
@@ -220,7 +240,8 @@ class Session:
             if line.startswith("/") and not fenced:
                 return self.command(line)
             if line.strip() or self.goes_on():
-                self.generate(line)
+                with keys_unechoed():  # keys typed meanwhile (^C too) stay out of the model's text
+                    self.generate(line)
         except Hint as e:
             self.hint(str(e))
         except KeyboardInterrupt:  # e.g. during a long /attn
@@ -233,7 +254,8 @@ class Session:
         return True
 
     def hint(self, message: str, style: str = "yellow") -> None:
-        self.info.print(Text(safe_text(message), style=style), soft_wrap=True)
+        # on a terminal Rich wraps at spaces (the terminal would cut words and numbers); a pipe gets whole lines
+        self.info.print(Text(safe_text(message), style=style), soft_wrap=not self.info.is_terminal)
 
     def command(self, line: str) -> bool:
         name, _, rest = line.strip().partition(" ")
@@ -251,9 +273,9 @@ class Session:
 
     def own_command(self, name: str, rest: str) -> None:
         """A command beyond the shared ones (the subclass's); unknown ones raise Hint."""
+        known = [*self.COMMANDS, *QUIT_WORDS, *(ALSO if "/clear" in self.COMMANDS else ())]
         raise Hint(
-            f"unknown command {name}: /help lists them (to send text that starts with /, "
-            f'begin it with a space or put it in """ marks)'
+            f"unknown command {name}{did_you_mean(name, known)}: /help lists them (text starting with /: a space first)"
         )
 
     def goes_on(self) -> bool:
@@ -264,9 +286,13 @@ class Session:
         """/set KEY VALUE (or KEY=VALUE, or ollama's /set parameter KEY VALUE): any SampleConfig field."""
         rest = re.sub(r"^parameter\s+", "", rest, flags=re.I)
         m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)
-        key, value = (m.group(1).lower().replace("-", "_"), m.group(2).strip()) if m else (rest, "")
+        key, value = (m.group(1).lower().replace("-", "_"), unquote(m.group(2).strip())) if m else ("", "")
+        key = ALIASES.get(key, key)
         if key not in SETTINGS:
-            raise Hint(f"usage: /set KEY VALUE, with KEY one of {', '.join(SETTINGS)}")
+            usage = f"/set KEY VALUE, with KEY one of {', '.join(SETTINGS)}"
+            if not key:
+                raise Hint(f"usage: {usage}")
+            raise Hint(f"no setting {key}{did_you_mean(key, [*SETTINGS, *ALIASES])}; usage: {usage}")
         f = next(f for f in flag_fields(SampleConfig) if f.name == key)
         if not value:
             raise Hint(f"/set {key} needs a value, e.g. /set {key} {f.metadata['example'] or f.default}")
@@ -322,6 +348,7 @@ class Chat(Session):
         """Talk to `ckpt` from now on, with an empty running text."""
         self.ckpt = ckpt
         self.gen = Streamer(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        self.total = 0  # tokens in the running text (a Transformer sees the last gen.context of them)
 
     def generate(self, prompt: str) -> None:
         ids = self.encode(prompt)
@@ -329,6 +356,11 @@ class Chat(Session):
         prompt = self.ckpt.tokenizer.decode(ids)
         if self.mode == "fresh":
             self.gen.reset()
+            self.total = 0
+        self.total += len(ids)
+        if self.gen.sliding and self.total > self.gen.context and self.interactive:
+            what = "the prompt" if self.total == len(ids) else "the running text with this prompt"
+            self.hint(f"{what} is {self.total} tokens: the model sees its last {self.gen.context} (its context)")
         printer = StreamPrinter(self.console, "cyan")
         if self.interactive and prompt:
             self.console.print(Text(safe_text(prompt), style="bold"), end="", soft_wrap=True)
@@ -345,13 +377,15 @@ class Chat(Session):
             stream.close()
             printer.flush()
         text = "".join(out)
+        self.total += self.gen.stats.tokens
         self.transcript.append((prompt, text))
         if self.interactive:
             shown = text or prompt
             if shown and not shown.endswith("\n"):
                 self.console.print()
             window = self.gen.context if self.gen.sliding else None
-            self.console.print(status_line(self.gen.stats, window, len(self.gen.ids), stopped), soft_wrap=True)
+            status = status_line(self.gen.stats, window, self.total, stopped)
+            self.console.print(status, soft_wrap=not self.console.is_terminal)
         else:
             self.console.print()  # one continuation per line of output (plus its own newlines)
 
@@ -362,12 +396,15 @@ class Chat(Session):
             self.show()
         elif name in ("/clear", "/reset"):
             self.gen.reset()
+            self.total = 0
             self.hint("the running text is empty now", style="green")
         elif name == "/load":
             self.load(rest)
         elif name == "/mode":
             if rest not in MODES:
-                raise Hint(f"/mode is {self.mode}: use /mode fresh or /mode continue")
+                raise Hint(
+                    f"/mode is {self.mode}{did_you_mean(rest, MODES) if rest else ''}: use /mode fresh or /mode continue"
+                )
             self.mode = rest
             self.hint(
                 f"mode {rest}: "
@@ -396,9 +433,14 @@ class Chat(Session):
         rows += [
             ("mode", self.mode),
             ("cache", "on" if self.gen.use_cache else "off (--no-cache)"),
-            ("running text", f"{len(self.gen.ids)} tokens"),
+            ("running text", self.running_text()),
         ]
         print_rows(self.console, rows, title=self.ckpt.name)
+
+    def running_text(self) -> str:
+        if self.gen.sliding and self.total > self.gen.context:
+            return f"{self.total:,} tokens (the model sees the last {self.gen.context})"
+        return f"{self.total:,} tokens"
 
     def viewer(self, name: str, args: list[str]) -> None:
         """/attn or /gates with the words after it, on the running text."""
@@ -411,17 +453,19 @@ class Chat(Session):
         if args and args[0].lower() in ("help", "?"):
             print_rows(self.console, words_help(VIEWERS[name], name))
             return
-        if not self.gen.ids:
-            raise Hint(f"there is no text yet: type a prompt, then /{name}")
         try:
-            opts = parse_words(VIEWERS[name], args, name)
+            opts = parse_words(VIEWERS[name], args, name)  # a mistyped word first: it needs fixing anyway
+            if not self.gen.ids:
+                raise Hint(f"there is no text yet: type a prompt, then /{name}")
             screen = Screen.of(self.console, opts.ascii)
             ids = list(self.gen.ids)
             if name == "attn":
                 att = look.attention(self.ckpt.model, self.ckpt.tokenizer, ids, opts)
                 draw_attention(self.console, self.ckpt.tokenizer, att, opts, screen)
             else:
-                fits = lambda trace: fitting_units(len(panels(trace)), screen.height)  # noqa: E731
+                cfg = self.ckpt.model_config
+                layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
+                fits = lambda t: units_that_fit(self.ckpt.tokenizer, ids, cfg.kind, layer, t, opts, screen)  # noqa: E731
                 draw_gates(
                     self.console, self.ckpt.tokenizer, look.gates(self.ckpt.model, ids, opts, fits), opts, screen
                 )
@@ -433,7 +477,7 @@ class Chat(Session):
             raise Hint("usage: /load CKPT (a checkpoint file or a run directory)")
         device = next(self.ckpt.model.parameters()).device
         try:
-            ckpt = checkpoint.load(Path(path).expanduser(), device=str(device))
+            ckpt = checkpoint.load(model_path(str(Path(path).expanduser())), device=str(device))
         except CheckpointError as e:
             raise Hint(f"{e}; still talking to {self.ckpt.name}") from None
         self.talk_to(ckpt, self.gen.use_cache)
@@ -472,10 +516,22 @@ def chat(
     interactive: bool | None = None,
 ) -> None:
     """`charlm chat CKPT`: the REPL on a checkpoint (a file or a run directory), until /bye or Ctrl-D."""
+    open_chat(ckpt, settings, opts, console=console, interactive=interactive).run()
+
+
+def open_chat(
+    ckpt: str,
+    settings: SampleConfig,
+    opts: ChatOptions | None = None,
+    *,
+    console: Console | None = None,
+    interactive: bool | None = None,
+) -> Chat:
+    """The chat on a checkpoint, loaded and ready: .run() is the REPL (.start() its banner, .loop() the rest)."""
     settings.validate()
     opts = (opts or ChatOptions()).validate()
     ck = checkpoint.load(ckpt, device=pick_device(opts.device))
-    Chat(ck, settings, console, mode=opts.mode, use_cache=not opts.no_cache, interactive=interactive).run()
+    return Chat(ck, settings, console, mode=opts.mode, use_cache=not opts.no_cache, interactive=interactive)
 
 
 # ---- the words of /attn and /gates, from the config fields ------------------------------------------
@@ -509,7 +565,10 @@ def parse_words(cls, words: list[str], command: str):
         elif re.fullmatch(r"-?\d+", word):
             numbers.append(int(word))
         else:
-            raise ConfigError(f"unknown /{command} argument '{word}': try /{command} help")
+            words_known = [*fields, *(c for f in fields.values() for c in f.metadata["choices"] or ())]
+            raise ConfigError(
+                f"unknown /{command} argument '{word}'{did_you_mean(key, words_known)}: try /{command} help"
+            )
         i += 1
     if len(numbers) > len(positional):
         names = " and ".join(f"a {f.name}" for f in positional)
@@ -542,6 +601,21 @@ def words_help(cls, command: str) -> list[tuple[str, str]]:
         (f"  {p}", f.metadata["help"]) for p, f in zip(positional, [f for f in fields if f.metadata["positional"]])
     ]
     return rows
+
+
+def did_you_mean(word: str, options) -> str:
+    """' (did you mean X?)' for a mistyped word, when one of options is close to it; else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word.lower(), list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unquote(value: str) -> str:
+    """A value typed in quotes, as a shell would read it: "\\n" -> \\n (its escapes are the setting's to read)."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def show_value(value) -> str:

@@ -123,3 +123,52 @@ def copy_views(details: dict) -> tuple[tuple, tuple]:
         (tf.tokenizer, attention(tf.model, tf.tokenizer, tf.tokenizer.encode(text), att)),
         (lstm.tokenizer, gates(lstm.model, lstm.tokenizer.encode(text), GatesConfig())),
     )
+
+
+# ---- --json: the numbers the maps draw ------------------------------------------------------------
+
+
+def _tokens(tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+
+
+def attention_summary(tokenizer, att: Attention) -> dict:
+    """`charlm attn --json`: the text the model sees, the chosen layer's weights (one head's, or their mean;
+    weights[i][j]: how much token i looked at token j), every head's statistics, and the focus position."""
+    return {
+        "tokens": _tokens(tokenizer, att.ids[att.offset :]),
+        "offset": att.offset,
+        "layer": att.layer,
+        "head": att.head,
+        "weights": [[round(float(w), 5) for w in row[: i + 1]] for i, row in enumerate(att.chosen)],
+        "heads": [
+            {
+                "layer": s.layer,
+                "head": s.head,
+                "entropy_bits": round(s.entropy, 4),
+                "distance": round(s.distance, 4),
+                "top_offset": s.offset,
+                "top_offset_share": round(s.offset_share, 4),
+            }
+            for s in att.stats
+        ],  # fmt: skip
+        "focus": att.focus,
+    }
+
+
+def gates_summary(tokenizer, g: Gates) -> dict:
+    """`charlm gates --json`: the text, the chosen units, and each gate's values (and the LSTM's cell state)
+    per unit and token: values[name][k][t] is unit units[k] at token t."""
+    series = {name: g.trace.gates[name] for name in g.trace.gates}
+    if g.trace.c is not None:
+        series["cell_state"] = g.trace.c
+    return {
+        "tokens": _tokens(tokenizer, g.ids[g.offset :]),
+        "offset": g.offset,
+        "kind": g.kind,
+        "layer": g.layer,
+        "units": list(g.units),
+        "values": {
+            name: [[round(float(v), 5) for v in t[0, :, u].tolist()] for u in g.units] for name, t in series.items()
+        },
+    }

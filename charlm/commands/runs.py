@@ -66,3 +66,21 @@ def curves(paths: list[str], missing_ok: bool = False, notes: list[str] | None =
             raise ConfigError(f"{given} has no evaluations yet: plot it after its first one")
         out[name if names.count(name) == 1 else str(given)] = points
     return out
+
+
+def model_path(name: str) -> str:
+    """A checkpoint as the user named it: a path that exists, or the name of a run in checkpoints/ as
+    `charlm runs` prints it (or the only run whose name starts with it). A path that does not exist and names
+    no run is returned as it is, for the loader to say so; several runs it could be are a one-line error."""
+    if Path(name).expanduser().exists() or "/" in name or not name or not runs.RUNS.is_dir():
+        return name
+    found = runs.find_runs(runs.RUNS)
+    picked = [r for r in found if r.name == name] or [r for r in found if r.name.startswith(name)]
+    if len(picked) > 1:
+        names = ", ".join(sorted(r.name for r in picked))
+        raise checkpoint.CheckpointError(
+            f"'{name}' could be {len(picked)} runs in {runs.RUNS}/: {names}; give one whole name"
+        )
+    if picked:
+        return str(picked[0])
+    raise checkpoint.CheckpointError(f"no such checkpoint or run: {name} (charlm runs lists the runs in {runs.RUNS}/)")

@@ -33,6 +33,7 @@ from charlm.views.heatmap import (
     clip_label,
     fit_map,
     heatmap_lines,
+    height_of,
     legend,
     level_style,
     pad,
@@ -43,6 +44,11 @@ from charlm.views.heatmap import (
     window,
 )
 
+D_NOTE = Text(
+    "d: mean distance looked back (tokens) · a bright diagonal is a local head, spread-out columns a global one",
+    style="dim",
+)
+OVERVIEW_MAX = 64  # tokens per small map on a terminal large enough for them
 OVERVIEW_TOKENS = 24  # tokens per small map in the overview, unless --tokens says otherwise
 BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
 
@@ -57,38 +63,61 @@ def _title(att: Attention) -> str:
     )
 
 
+MAX_CELL = 4  # characters per column the map may widen to, to use a wide terminal
+
+
 def map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
-    """The heat map of the chosen head (or layer mean), fitted to the screen."""
+    """The heat map of the chosen head (or layer mean), fitted to the screen: its width, and on a terminal its
+    height, measured with the legends and titles as they wrap at this width (nothing scrolls off the top)."""
+    labels = [token_label(tokenizer, t, screen.ascii) for t in att.ids[att.offset :]]
+    header = min(MAX_HEADER, max(len(x) for x in labels))
+    if not screen.height:
+        return _map_lines(tokenizer, att, opts, screen, labels, None)
+    # the prompt after it, and the line above it when the model sees only the text's last tokens
+    room = screen.height - 1 - (1 if att.offset else 0)
+    rows = room - 6 - header  # a first guess: legend, rows line, title, footer, column labels
+    for _ in range(4):
+        lines = _map_lines(tokenizer, att, opts, screen, labels, max(2, rows))
+        over = height_of(lines, screen.width) - room
+        if over <= 0 or rows <= 2:
+            break
+        rows -= over
+    return lines
+
+
+def _map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen, labels, rows) -> list[Text]:
     ids, offset, w, ascii = att.ids, att.offset, att.chosen, screen.ascii
-    labels = [token_label(tokenizer, t, ascii) for t in ids[offset:]]
     digits = len(str(len(ids) - 1))
     label_w = min(MAX_LABEL, max(cell_len(x) for x in labels))
     row_w = digits + 1 + label_w + 1  # "<pos> <token> "
     note_w = 5  # " 0.93": the row's largest weight
-    header = min(MAX_HEADER, max(len(x) for x in labels))
-    # one row per token: besides them, the legend (2 lines), title, column labels, footer, a note, the prompt
-    rows = screen.height - 7 - header if screen.height else None
-    start, stop, cell = fit_map(screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows)
+    start, stop, cell = fit_map(
+        screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows, max_cell=MAX_CELL
+    )
     n = stop - start
     a, b = start - offset, stop - offset
     values = w[a:b, a:b]
     drawn = np.tril(np.ones((n, n), dtype=bool))  # query i sees keys 0..i: the rest is never drawn
     # each row's scale is its largest weight over every key it saw, also those left of the window, so a
-    # row that mostly looks off-screen stays faint
+    # row that mostly looks off-screen stays faint: its note says so with an arrow
     row_max = w[a:b, :b].max(axis=1)
+    off_screen = w[a:b, :b].argmax(axis=1) < a
     vmax = row_max if opts.scale == "row" else 1.0
     row_labels = [
         pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
         for p in range(start, stop)
     ]
-    notes = [f" {m:.2f}" for m in row_max]
+    left = "<" if ascii else "←"
+    notes = [f"{left if off else ' '}{m:.2f}" for m, off in zip(row_max, off_screen)]
     # the legend first: what the shades mean stays on screen above the map, never scrolls away below it
     what = "each row's largest weight, shown at its right" if opts.scale == "row" else "weight 1"
     lines = [
         legend(ascii, "1" if opts.scale == "abs" else "row max", what),
         Text("rows: each token (query) · columns: the tokens it could see (keys)", style="dim"),
-        Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"),
     ]
+    if off_screen.any():
+        lines.append(Text(f"{left}: the row's largest weight is on a token left of the window", style="dim"))
+    lines.append(Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"))
     lines += heatmap_lines(
         values,
         row_labels,
@@ -105,7 +134,8 @@ def map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> li
 
 
 def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) -> list[Text]:
-    """Every head as a small map of the last tokens, one row of maps per layer (wrapped to the width)."""
+    """Every head as a small map of the last tokens, layer after layer, as many side by side as the width
+    holds; on a terminal the maps take the largest size (6..64 tokens) that lets all of them fit its height."""
     ids, offset, weights, width, ascii = att.ids, att.offset, att.weights, screen.width, screen.ascii
     L, H = weights.shape[:2]
     gap = 2
@@ -113,9 +143,18 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
     if size < 2:
         raise ConfigError(f"width {width} is too narrow for the overview")
-    if screen.height and not opts.tokens:  # every layer's row of maps on one screen: smaller maps, down to 6 tokens
-        tiles_down = L * -(-H // max(1, (width + gap) // (max(size, 6) + gap)))
-        size = max(6, min(size, (screen.height - 6) // tiles_down - 2))
+    if screen.height and not opts.tokens:  # every map on one screen: the largest size that fits, down to 6 tokens
+        title = Text(f"attention overview: {L} layers × {H} heads, tokens {len(ids)}..{len(ids)}")
+        # the title, the notes as they wrap at this width, the text line, a line above when the text is longer
+        # than the context, and the shell's prompt after
+        prose = height_of([title, D_NOTE, _extremes(att.stats)], width) + 2 + (1 if offset else 0)
+
+        def tall(k: int) -> int:  # lines the maps of k tokens take, and the prose
+            per_line = max(1, (width + gap) // (max(k, 6) + gap))
+            return -(-L * H // per_line) * (k + 2) + prose
+
+        most = min(OVERVIEW_MAX, len(ids) - offset)  # a wide, tall terminal: larger maps, up to the text shown
+        size = max([k for k in range(6, most + 1) if k <= width and tall(k) <= screen.height] or [6])
     start, stop = window(offset, len(ids), size, size, opts.end)
     n = stop - start
     tile = max(n, 6)  # room for a title like "L0H1"
@@ -125,35 +164,30 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     a, b = start - offset, stop - offset
     drawn = np.tril(np.ones((n, n), dtype=bool))
     out = [Text(f"attention overview: {L} layers × {H} heads, tokens {start}..{stop - 1}", style="bold")]
-    for layer in range(L):
-        for first in range(0, H, per_line):
-            heads = range(first, min(H, first + per_line))
-            block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
-            for k, head in enumerate(heads):
-                s = stats[(layer, head)]
-                if k:
-                    for line in block:
-                        line.append(" " * gap)
-                block[0].append(pad(clip_label(f"L{layer}H{head}", tile, ascii), tile), "bold")
-                block[1].append(pad(clip_label(f"d {s.distance:.1f}", tile, ascii), tile), "dim")
-                values = weights[layer, head, a:b, a:b]
-                row_max = np.where(drawn, values, 0).max(axis=1)
-                for r in range(n):
-                    line = block[r + 2]
-                    for c in range(n):
-                        level = shade_index(float(values[r, c]), float(row_max[r]), len(chars)) if drawn[r, c] else 0
-                        line.append(chars[level], level_style(level, len(chars)))
-                    line.append(" " * (tile - n))
-            out += block
+    maps = [(layer, head) for layer in range(L) for head in range(H)]
+    for first in range(0, len(maps), per_line):
+        block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
+        for k, (layer, head) in enumerate(maps[first : first + per_line]):
+            s = stats[(layer, head)]
+            if k:
+                for line in block:
+                    line.append(" " * gap)
+            block[0].append(pad(clip_label(f"L{layer}H{head}", tile, ascii), tile), "bold")
+            block[1].append(pad(clip_label(f"d {s.distance:.1f}", tile, ascii), tile), "dim")
+            values = weights[layer, head, a:b, a:b]
+            row_max = np.where(drawn, values, 0).max(axis=1)
+            for r in range(n):
+                line = block[r + 2]
+                for c in range(n):
+                    level = shade_index(float(values[r, c]), float(row_max[r]), len(chars)) if drawn[r, c] else 0
+                    line.append(chars[level], level_style(level, len(chars)))
+                line.append(" " * (tile - n))
+        out += block
     text = "".join(token_label(tokenizer, t, ascii) for t in ids[start:stop])
     out.append(Text("text: ", style="dim") + Text(clip_label(text, max(1, width - 6), ascii)))
     out.insert(
         1,
-        Text(
-            "d: mean distance looked back (tokens) · a bright diagonal is a local head, "
-            "spread-out columns a global one",
-            style="dim",
-        ),
+        D_NOTE,
     )
     out += [_extremes(att.stats)]
     return out

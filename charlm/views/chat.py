@@ -58,18 +58,22 @@ def print_rows(console: Console, rows: list[tuple[str, str]], title: str | None 
 
 def print_banner(console: Console, name: str, about: str, hint: str) -> None:
     console.print(
-        Text.assemble(("charlm chat", "bold"), " · ", safe_text(name), (f" ({about})", "dim")), soft_wrap=True
+        Text.assemble(("charlm chat", "bold"), " · ", safe_text(name), (f" ({about})", "dim")),
+        soft_wrap=not console.is_terminal,  # a terminal: wrapped at spaces, never inside a word
     )
     console.print(Text(hint, style="dim"))
 
 
-def status_line(stats, window: int | None, seen: int, stopped: bool) -> Text:
-    """After a generation: tokens, speed, time to the first token, and how much of the text the model sees."""
+def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
+    """After a generation: tokens, speed, time to the first token, and how much of the running text (total
+    tokens) the model sees: all of it, or the last `window`."""
     parts = [f"{stats.tokens:,} tokens", f"{stats.tokens_per_s:,.0f} tokens/s", f"first token {stats.ttft_ms:.0f} ms"]
-    if window is not None:
-        parts.append(f"context {seen}/{window}")
+    if window is None:
+        parts.append(f"state after {total:,} tokens (no context limit)")
+    elif total > window:
+        parts.append(f"context: the last {window} of {total:,} tokens")
     else:
-        parts.append(f"state after {seen} tokens (no context limit)")
+        parts.append(f"context {total}/{window}")
     return Text(("stopped · " if stopped else "") + " · ".join(parts), style="dim")
 
 

@@ -21,7 +21,7 @@ from rich.text import Text
 from charlm.comparison import Comparison, Contestant
 from charlm.config import SampleConfig, flag_fields, flag_name
 from charlm.models import count_params
-from charlm.views.text import safe_text
+from charlm.views.text import duration, safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
@@ -36,10 +36,6 @@ def human(n: float) -> str:
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return str(int(n))
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m"
 
 
 def _finite(x) -> float | None:
@@ -117,6 +113,7 @@ class CompareView:
             body = Text.assemble((safe_text(p.prompt), "dim"), safe_text(p.output))
             if p.note:
                 body = Text(safe_text(p.note), style="yellow")
+            body.overflow = "fold"  # a word longer than the column folds onto the next line, never ends in …
             panels.append(Panel(body, title=title, subtitle=sub, title_align="left", subtitle_align="left"))
         if self.console.width // len(panels) < MIN_COLUMN:
             return Group(*panels)
@@ -170,7 +167,7 @@ class CompareView:
         for p in self.players:
             d = p.ckpt.saved
             params = d.params or count_params(p.ckpt.model)
-            row = [(None, human(params)), (None, f"{d.step:,}"), (None, _seconds(d.train_seconds))]
+            row = [(None, human(params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
             bpc = _finite(d.best_val_bpc)
             row.append((bpc, f"{bpc:.3f}" if bpc is not None else "—"))
             if self.eval_path is not None:
@@ -213,6 +210,13 @@ class CompareView:
             f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
             + " · ".join([f"temperature {s.temperature:g}", *changed])
         )
+        kinds = {p.ckpt.tokenizer.kind for p in self.players}
+        if len(kinds) > 1:  # -n counts tokens, and a BPE token holds several characters: say what each wrote
+            wrote = " · ".join(f"{p.ckpt.name} {len(p.output):,}" for p in self.players if p.tokens)
+            lines.append(
+                f"--max-tokens {s.max_tokens} counts tokens, and a bpe token holds several characters: "
+                f"characters written: {wrote} (chars/s compares the rates on characters)"
+            )
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
             f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "

@@ -3,46 +3,56 @@ JSON object --json prints)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult
-from charlm.views.text import safe
+from charlm.views.text import duration, safe, safe_text
 
 
 class EvalProgress:
-    """A transient progress bar for scoring a text (on a terminal only); call it with (done, total)."""
+    """A transient progress bar for scoring a text (on a terminal only); call it with (done, total). It takes
+    over from `before` (a Loading spinner) at the first call. The time left is measured from the second call
+    on: the first batch pays for warming up (oneDNN builds its kernels), which would make it read several
+    times too long."""
 
-    def __init__(self, console: Console, label: str = "evaluating"):
-        self.console, self.label = console, label
+    def __init__(self, console: Console, label: str = "evaluating", before=None):
+        self.console, self.label, self.before = console, label, before
         self.progress: Progress | None = None
         self.task = None
+        self.since: tuple[float, int] | None = None  # (time, tokens done) at the first call
 
     def __enter__(self) -> EvalProgress:
-        if self.console.is_terminal:
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.console.is_terminal:
+            return
+        now = time.perf_counter()
+        if self.progress is None:
+            if self.before is not None:
+                self.before.__exit__(None, None, None)
             self.progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("tokens"),
-                TimeRemainingColumn(),
+                TextColumn("tokens · {task.fields[left]}"),
                 console=self.console,
                 transient=True,
             )
             self.progress.start()
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.progress is None:
-            return
-        if self.task is None:
-            self.task = self.progress.add_task(self.label, total=total)
-        self.progress.update(self.task, completed=done, total=total)
+            self.task = self.progress.add_task(safe_text(self.label), total=total, left="")
+            self.since = (now, done)
+        t0, d0 = self.since
+        rate = (done - d0) / (now - t0) if done > d0 and now > t0 else None
+        left = f"{duration((total - done) / rate)} left" if rate else "measuring speed"
+        self.progress.update(self.task, completed=done, total=total, left=left, refresh=True)
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:
@@ -64,7 +74,7 @@ def render_eval(console: Console, ckpt: Checkpoint, path, result: EvalResult) ->
         else f"windows of {ckpt.model_config.context}, stride {result.stride}"
     )
     table.add_row("model", f"{ckpt.model_config.kind} · {ckpt.tokenizer.kind} tokenizer · {how}")
-    table.add_row("time", f"{result.seconds:.1f}s ({result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s)")
+    table.add_row("time", f"{duration(result.seconds)} ({result.tokens / max(result.seconds, 1e-9):,.0f} tokens/s)")
     if result.unknown_dropped:
         table.add_row(
             "dropped", Text(f"{result.unknown_dropped:,} characters this model never saw (not scored)", style="yellow")

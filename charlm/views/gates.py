@@ -9,6 +9,7 @@ and prints. Layers and units count from 0.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,10 +17,13 @@ from rich.console import Console
 from rich.text import Text
 
 from charlm.views.heatmap import (
+    GATES_ASCII_RAMP,
     MAX_HEADER,
+    UNICODE_RAMP,
     Screen,
     fit_map,
     heatmap_lines,
+    height_of,
     legend,
     pad,
     print_blocks,
@@ -54,6 +58,16 @@ def fitting_units(gates_shown: int, height: int | None) -> int | None:
     return max(1, (height - 9) // n_maps - 2 - MAX_HEADER)
 
 
+def units_that_fit(tokenizer, ids: list[int], kind: str, layer: int, trace, opts, screen: Screen) -> int | None:
+    """How many units let the whole view fit the screen's height (None: no limit, as in a pipe), measured by
+    laying it out with one unit: what its titles, legends and column labels take at this width, wrapped."""
+    if not screen.height:
+        return None
+    trial = Gates(ids, len(ids) - trace.h.shape[1], kind, layer, trace, [0], False)
+    used = height_of(gate_lines(tokenizer, trial, opts, replace(screen, height=None)), screen.width) + 1  # + prompt
+    return max(1, 1 + (screen.height - used) // (len(panels(trace)) + 1))
+
+
 def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:
     """One layer's trace laid out: a heat map per gate, the cell (or hidden) state, its magnitude over time."""
     ids, offset, trace, kind, layer, ascii = g.ids, g.offset, g.trace, g.kind, g.layer, screen.ascii
@@ -69,11 +83,12 @@ def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:
     units = g.units
     row_labels = [f"u{u}" for u in units]
 
+    chars = GATES_ASCII_RAMP if ascii else UNICODE_RAMP  # (in ASCII, no glyph of the sign legend)
     how = "chosen" if g.chosen else "whose gates change most"
     sym = "c" if trace.c is not None else "h"
     # the legends first: they stay on screen above the maps instead of scrolling away below them
     lines = [
-        legend(ascii, "1", "gates; a gate row's mean is at its right"),
+        legend(ascii, "1", "gates; a gate row's mean is at its right", chars),
         signed_legend(
             ascii,
             f"the {'cell' if sym == 'c' else 'hidden'} state {sym}; each row scaled to its "
@@ -95,7 +110,9 @@ def gate_lines(tokenizer, g: Gates, opts, screen: Screen) -> list[Text]:
         values = gates[name][:, units].T  # (units, n)
         notes = [f" {m:.2f}" for m in values.mean(axis=1)]
         lines += [Text(), Text(title, style="bold")]
-        lines += heatmap_lines(values, row_labels, col_labels, vmax=1.0, ascii=ascii, cell=cell, row_notes=notes)
+        lines += heatmap_lines(
+            values, row_labels, col_labels, vmax=1.0, ascii=ascii, cell=cell, row_notes=notes, chars=chars
+        )
 
     # the memory itself: the LSTM's cell state (the GRU's hidden state), signed, then its size over time
     state = (trace.c if trace.c is not None else trace.h)[0, a:b].float().cpu().numpy()  # (n, H)

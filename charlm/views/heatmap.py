@@ -23,7 +23,10 @@ ASCII_RAMP = " .:-=+*#%@"
 UNICODE_SPARK = " ▁▂▃▄▅▆▇█"  # for one-row strips (e.g. the cell-state magnitude over time)
 # Signed values carry their sign in the glyph as well as the colour (piped, NO_COLOR, colour-blind readers):
 # blocks for positive, horizontal strokes ("minus" marks) for negative; same number of levels as the ramp
-SIGNED_RAMPS = {False: (UNICODE_RAMP, " -─═━▬"), True: (" .+*#@", " ,-~=_")}
+SIGNED_RAMPS = {False: (UNICODE_RAMP, " -─═━▬"), True: (" .+*#@", " ,-~=%")}
+# the gate panels' ASCII ramp: none of the sign legend's + - ~ = % nor the space label _ (in ASCII_RAMP, + and
+# - were middling gate values beside a cell-state panel where they meant a sign)
+GATES_ASCII_RAMP = " .:oO@"
 
 # viridis-like stops: faint purple for small values up to bright yellow for the largest
 HEAT_STOPS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -173,11 +176,12 @@ def heatmap_lines(
     signed: np.ndarray | None = None,
     row_notes: list[str] | None = None,
     header_lines: int = MAX_HEADER,
+    chars: str | None = None,
 ) -> list[Text]:
     """The map as lines of Text: the column labels on top, then one line per row:
     `<row label> <cells> <note>`. `values` are magnitudes (>= 0); `signed` (same shape, optional)
     draws negative cells with the negative ramp in blue, positive ones in orange (SIGNED_RAMPS)."""
-    chars = ramp(ascii) if signed is None else SIGNED_RAMPS[ascii][0]
+    chars = (chars or ramp(ascii)) if signed is None else SIGNED_RAMPS[ascii][0]
     levels = len(chars)
     grid = shade_grid(values, vmax, drawn, levels)
     label_w = max((cell_len(x) for x in row_labels), default=0)
@@ -199,9 +203,9 @@ def heatmap_lines(
     return lines
 
 
-def legend(ascii: bool, vmax_text: str, what: str) -> Text:
-    """`scale: ·░▒▓█ 0 → <vmax_text> (<what>)` with each level in its colour."""
-    chars = ramp(ascii)
+def legend(ascii: bool, vmax_text: str, what: str, chars: str | None = None) -> Text:
+    """`scale: ·░▒▓█ 0 → <vmax_text> (<what>)` with each level in its colour (chars: another ramp's)."""
+    chars = chars or ramp(ascii)
     t = Text("scale: ", style="dim")
     for level in range(1, len(chars)):
         t.append(chars[level], level_style(level, len(chars)))
@@ -257,17 +261,29 @@ def fit_map(
     tokens: int | None,
     end: int | None,
     max_rows: int | None = None,
+    max_cell: int = 2,
 ) -> tuple[int, int, int]:
     """(start, stop, cell) for a map `width` cells wide with row labels row_w and row notes note_w wide:
     the token positions [start, stop) shown (see `window`; at most max_rows of them unless `tokens` asks,
     so a map whose rows are tokens fits the screen's height) and the cells per column (two look square;
-    one when space is short)."""
+    one when space is short; up to max_cell when the width has room for them: the map uses the width given)."""
     available = width - row_w - note_w
     if available < 2:
         raise ConfigError(f"width {width} is too narrow for the map: use at least {row_w + note_w + 2}")
     fits = available if max_rows is None or tokens is not None else max(2, min(available, max_rows))
     start, stop = window(first, n_total, fits, tokens, end)
-    return start, stop, 2 if 2 * (stop - start) <= available else 1
+    return start, stop, max(1, min(max_cell, available // (stop - start)))
+
+
+def height_of(lines: list, width: int) -> int:
+    """Terminal lines `lines` take at this width: prose wraps at spaces (as Rich prints it), a grid line never
+    wraps (it is cropped)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width)
+    return sum(1 if line.no_wrap else max(1, len(line.wrap(console, width))) for line in lines)
 
 
 def print_blocks(console, blocks: list, ascii: bool) -> None:

@@ -7,13 +7,14 @@ import math
 import time
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from charlm.data import bits_per_char
 from charlm.views.plot import line_chart
-from charlm.views.text import safe_text
+from charlm.views.text import duration, safe_text
 
 
 def age(seconds: float) -> str:
@@ -25,51 +26,52 @@ def age(seconds: float) -> str:
             return f"{seconds // size:.0f}{unit} ago"
 
 
-def duration(seconds: float) -> str:
-    """'45s', '2m00s', '1h05m'."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+NUMBERS = ("params", "steps", "time", "val\nbits/\nchar", "when")
+DROPPED_FIRST = ("when", "time", "steps", "params")  # what a narrow terminal does without, in this order
 
 
 def render_runs(console: Console, rows: list[dict], title: str, now: float | None = None) -> None:
-    """rows: runs.describe() of each run, newest first."""
+    """rows: runs.describe() of each run, newest first. A run's name stays whole (it is what chat, sample and
+    --resume take): where the table would not fit, the columns that matter least go, then names fold."""
     now = time.time() if now is None else now
+    for k in range(len(DROPPED_FIRST) + 1):
+        table = _runs_table(rows, title, now, set(DROPPED_FIRST[:k]), fold=k == len(DROPPED_FIRST))
+        if console.measure(table, options=console.options.update_width(10_000)).minimum <= console.width:
+            break
+    console.print(table)
+
+
+def _runs_table(rows: list[dict], title: str, now: float, dropped: set[str], fold: bool) -> Table:
     table = Table(
         title=Text(safe_text(title)),
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
         show_edge=False,
-        padding=(0, 1, 0, 0),
-    )  # narrow gaps: 8 columns fit in 60
-    table.add_column("run\ncorpus", overflow="fold", min_width=8)  # the user's names fold, never lose their end
+        padding=0,
+    )  # the box's one space between columns, no padding: 8 columns fit in 60
+    # the user's names: whole, or (when nothing else is left to drop) folded, never cut short
+    names = max((cell_len(safe_text(str(r.get(k) or "?"))) for r in rows for k in ("run", "corpus")), default=8)
+    table.add_column("run\ncorpus", overflow="fold", min_width=8 if fold else max(8, names))
     table.add_column("model", no_wrap=True)
-    for name in ("params", "steps", "time", "val\nbits/\nchar", "when"):
+    shown = [name for name in NUMBERS if name.split("\n")[0] not in dropped]
+    for name in shown:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
         # directory and corpus names are the user's text, never markup
         run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r.get("corpus") or "?"), style="dim")
         when = age(now - r["modified"])
-        if "error" in r:  # under the name, the one column that folds: a long message keeps the others
-            run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r["error"]), style="red")
-            table.add_row(run, Text("unreadable", style="red"), "", "", "", "", when)
+        if "error" in r:  # under the name: a long message folds, keeping the other columns
+            run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r["error"]), style="red", overflow="fold")
+            table.add_row(
+                run, Text("unreadable", style="red"), *[""] * (len(shown) - 1), when if "when" in shown else ""
+            )
             continue
         bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] is not None else "-"
         params = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
-        table.add_row(
-            run,
-            f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}",
-            params,
-            f"{r['steps']:,}",
-            duration(r["train_seconds"]),
-            bpc,
-            when,
-        )
-    console.print(table)
+        cells = dict(zip(NUMBERS, (params, f"{r['steps']:,}", duration(r["train_seconds"]), bpc, when), strict=True))
+        table.add_row(run, f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}", *[cells[n] for n in shown])
+    return table
 
 
 def train_bpc(point: dict) -> float:
@@ -132,7 +134,7 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
         table.add_row("distilled from", Text(safe_text(info["teacher"])))
     table.add_row("tokenizer", f"{info['tokenizer']}, {info['vocab_size']} tokens")
     table.add_row(
-        "trained", Text(safe_text(f"{info['steps']} steps in {info['train_seconds']:.1f}s on {info['device']}"))
+        "trained", Text(safe_text(f"{info['steps']} steps in {duration(info['train_seconds'])} on {info['device']}"))
     )
     if info["best_val_loss"] is not None:
         table.add_row("best val", f"{info['best_val_loss']:.4f} nats/token · {info['best_val_bpc']:.3f} bits/char")

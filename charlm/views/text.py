@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 import unicodedata
+from contextlib import contextmanager
 from typing import NoReturn
 
 from rich.console import Console
@@ -52,6 +54,19 @@ def shell_quote(text: object) -> str:
     return "$'" + "".join(escaped) + "'"
 
 
+def duration(seconds: float) -> str:
+    """How long something took or will take, one way everywhere: '0.4s', '9.7s', '45s', '2m04s', '1h05m'
+    (what --max-time reads back: config.parse_duration)."""
+    if seconds < 9.95:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def print_error(message: str) -> None:
     """One line on stderr, printed literally: a path such as 'notes[1].txt' is not Rich markup, and a
     multi-line message from a library is folded onto one line."""
@@ -90,3 +105,59 @@ def print_notes(notes: list[str]) -> None:
 def print_json(value) -> None:
     """A command's result as one JSON object on stdout (--json)."""
     print(json.dumps(value))
+
+
+class Loading:
+    """`with Loading("loading RUN") as status:` a spinner and what is going on, on stderr, drawn the moment the
+    block starts (a slow step: importing torch, loading a model, encoding a text), gone when it ends; only on a
+    terminal (a pipe or a file gets nothing). status.update(what) says what comes next."""
+
+    def __init__(self, what: str, console: Console | None = None):
+        self.console, self.what, self.live = console or err_console(), what, None
+
+    def __enter__(self) -> Loading:
+        if self.console.is_terminal:
+            from rich.live import Live
+            from rich.spinner import Spinner
+
+            self.spinner = Spinner("dots", safe(self.what, "dim"))
+            self.live = Live(self.spinner, console=self.console, transient=True, refresh_per_second=12.5)
+            self.live.start(refresh=True)  # now, not at the first tick of its thread
+        return self
+
+    def update(self, what: str) -> None:
+        if self.live is not None:
+            self.spinner.update(text=safe(what, "dim"))
+            self.live.refresh()
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+@contextmanager
+def keys_unechoed(stream=None):
+    """Keys typed inside the block are not echoed by the terminal (nor ^C for Ctrl-C): they wait in its input
+    buffer, and readline shows them at the next prompt instead of above a banner or inside a model's text.
+    Nothing happens when stdin is not a terminal."""
+    stream = stream or sys.stdin
+    try:
+        import termios
+
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if stream.isatty() else None
+    except (ImportError, OSError, ValueError, AttributeError):  # no termios (Windows), no file descriptor
+        saved = None
+    except termios.error:
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    try:
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: the keys typed so far stay in the buffer
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
