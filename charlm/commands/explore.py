@@ -37,7 +37,9 @@ from charlm.models.probes import (
     trace_rnn,
 )
 
-MAX_TOKENS = MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
+MAX_TOKENS = (
+    MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
+)
 TOP = 5  # keys and predictions listed in the side panel
 LN2 = math.log(2)
 

@@ -63,6 +63,8 @@ def units_that_fit(tokenizer, ids: list[int], kind: str, layer: int, trace, opts
     laying it out with one unit: what its titles, legends and column labels take at this width, wrapped."""
     if not screen.height:
         return None
+    from charlm.models.probes import Gates  # (a trace exists: torch is loaded already)
+
     trial = Gates(ids, len(ids) - trace.h.shape[1], kind, layer, trace, [0], False)
     used = height_of(gate_lines(tokenizer, trial, opts, replace(screen, height=None)), screen.width) + 1  # + prompt
     return max(1, 1 + (screen.height - used) // (len(panels(trace)) + 1))
