@@ -87,8 +87,8 @@ def render_copy_views(console: Console, details: dict, attention, gates, screen)
     console.print()
     console.print(
         Text(
-            f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
-            f"(N={details['length']}): the copied half looks back N tokens",
+            f"Why — the Transformer's layer {head['layer']} head {head['head']} on one held-out line "
+            f"(N={details['length']}; one model learned every length): where the copied half looks",
             style="bold",
         )
     )
