@@ -44,7 +44,7 @@ def test_the_no_binding_baseline_is_what_a_guesser_without_binding_scores():
     rng, guess = random.Random(1), random.Random(2)
     for P in (2, 4, 8, 16):
         right = total = 0
-        for _ in range(20_000):
+        for _ in range(5_000):
             pairs, questions = parse_recall(tasks.recall_example(rng, P).text)
             left = [v for _, v in pairs]
             for _, answer in questions:

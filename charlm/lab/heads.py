@@ -102,7 +102,10 @@ def offsets(weights: np.ndarray) -> np.ndarray:
 
 
 def role(prev: float, ind: float, dist: float, ent: float, uniform_entropy: float, offset: float = 0.0) -> str:
-    if ind >= INDUCTION and ind >= prev:
+    """A head's name from its scores: induction only where its induction score beats both its previous-token
+    score and the weight it puts at its one fixed offset (over several periods, a head that looks a fixed
+    distance back scores as induction at one period alone)."""
+    if ind >= INDUCTION and ind >= prev and ind > offset:
         return "induction"
     if prev >= PREVIOUS:
         return "previous-token"

@@ -23,7 +23,7 @@ from charlm.lab.common import Chart, Clock, LabResult, params, pct, per_seed, se
 
 DEFAULTS = dict(
     pairs=(2, 4, 8, 16),
-    steps={"transformer": 1000, "lstm": 1000},
+    steps={"transformer": 1500, "lstm": 1500},
     lr={"transformer": 3e-3, "lstm": 3e-3},
     d_model=64,
     layers=2,
