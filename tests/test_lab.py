@@ -30,7 +30,8 @@ def lab(*args: str, out=None) -> dict:
 
 @pytest.fixture(scope="module")
 def copy_result(tmp_path_factory):
-    """charlm lab copy --quick: a 2-layer Transformer and a same-size LSTM trained on copying 16 symbols."""
+    """charlm lab copy --quick: a 2-layer Transformer and a same-size LSTM, each trained on copying every N
+    from 4 to 12 symbols at once."""
     root = tmp_path_factory.mktemp("lab")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHARLM_CACHE", str(root / "cache"))
@@ -61,20 +62,21 @@ def test_wrong_use_is_one_line(args, message):
 
 
 def test_copy_one_model_learns_every_length_and_attention_copies_them(copy_result):
-    """Trained on every N from 4 to 16 at once (so no fixed offset finds the symbol to copy), scored at 8 and
-    16 (trained) and 24 (never seen)."""
+    """Trained on every N from 4 to 12 at once (so no fixed offset finds the symbol to copy), scored at 8 and
+    12 (trained) and 16 (never seen)."""
     records = copy_result["results"]
     assert {(r["model"], r["length"], r["trained"]) for r in records} == {
-        (m, n, n <= 16) for m in ("transformer", "lstm") for n in (8, 16, 24)
+        (m, n, n <= 12) for m in ("transformer", "lstm") for n in (8, 12, 16)
     }
     assert all(0 <= r["accuracy"] <= 1 and r["chance"] == pytest.approx(0.1) for r in records)
     acc = {(r["model"], r["length"]): r["accuracy"] for r in records}
-    # measured (seeds 0-4): see RESULTS.md; chance is 10%
-    assert acc[("transformer", 8)] >= 0.9 and acc[("transformer", 16)] >= 0.9
+    # measured (seeds 0-4, benchmarks/lab_copy_curve.py at this size): 94-99% at N = 8 and 12 by step 300 of
+    # 600; chance is 10%
+    assert acc[("transformer", 8)] >= 0.9 and acc[("transformer", 12)] >= 0.9
     params = {r["model"]: r["params"] for r in records}
     assert abs(params["lstm"] - params["transformer"]) / params["transformer"] < 0.15  # about the same size
     reading = copy_result["reading"]
-    assert "at longer lengths it never saw: N=24" in reading and "chance 10%" in reading
+    assert "at longer lengths it never saw: N=16" in reading and "chance 10%" in reading
 
 
 def test_lab_models_are_normal_runs(copy_result):
@@ -140,7 +142,7 @@ def test_heads_on_the_copy_model(copy_result):
     run = copy_result["details"]["transformer_run"]
     out = lab("heads", run)
     periods = out["settings"]["periods"]
-    assert len(periods) == 4 and periods == sorted(periods) and max(periods) <= 25  # half the context of 50
+    assert len(periods) == 4 and periods == sorted(periods) and max(periods) <= 17  # half the context of 34
     for r in out["results"]:
         assert len(r["by_period"]) == 4 and r["induction"] == pytest.approx(np.mean(r["by_period"]), abs=0.01)
         assert r["role"] in ("induction", "previous-token", "fixed offset", "local", "distant", "global")
@@ -152,13 +154,11 @@ def test_heads_on_the_copy_model(copy_result):
 
 def test_ablate_scores_the_copy_model_on_what_it_was_trained_to_do(copy_result):
     out = lab("ablate", copy_result["details"]["transformer_run"])
-    # scored as trained: the copied half only, where the intact model is right (~0 bits a character; the
-    # whole text would mix in the random first half, ~3.3 bits a character). At this size two heads often
-    # find the position to copy from, so one knocked out costs little (measured: 0.002-0.7 bits); at default
-    # size, N=40, one head held it: 2.7 bits (docs/lab.md)
+    # scored as trained: the copied halves only, where the intact model is nearly always right (well under a
+    # bit a character; the whole text would mix in the random first halves, ~3.3 bits a character)
     assert out["settings"]["text"].endswith("(the characters its task determines)")
-    assert out["settings"]["baseline_bits_per_char"] < 0.1
-    assert all(r["damage"] > -0.05 for r in out["results"])  # no knockout makes a perfect copier better
+    assert out["settings"]["baseline_bits_per_char"] < 0.5
+    assert all(r["damage"] > -0.05 for r in out["results"])  # no knockout makes a good copier better
     assert len(out["results"]) == 4 and [r["rank"] for r in out["results"]] == [1, 2, 3, 4]
 
 

@@ -36,7 +36,7 @@ DEFAULTS = dict(
     eval_examples=200,
 )
 QUICK = dict(
-    trained=(4, 16), lengths=(8, 16, 24), steps={"transformer": 300, "lstm": 300}, train_chars=60_000, eval_examples=100
+    trained=(4, 12), lengths=(8, 12, 16), steps={"transformer": 600, "lstm": 600}, train_chars=60_000, eval_examples=100
 )
 CHANCE = 1 / len(tasks.SYMBOLS)
 GOOD = 0.99  # copies: every symbol but one in a hundred
