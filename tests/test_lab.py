@@ -334,6 +334,12 @@ def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
     assert end["previous"] >= 0.3 and end["induction"] >= 0.2
     circuit = out["details"]["circuits"][0]
     assert circuit["previous_head"].startswith("L0") and circuit["induction_head"].startswith("L1")
+    # the cause: knocked out, the named head raises the repeat's loss, and layer 1's heads at once bring it back
+    # to guessing or past it (measured at this size, seeds 0-1: 0.09-0.10 intact, 0.40-0.42 without the named
+    # head, 5.1 without layer 1; ln 52 = 3.95)
+    k = circuit["knockouts"]
+    assert k[circuit["induction_head"]] > k["none"] + 0.1 and k["L1"] > math.log(52) / 2
+    assert "Knocked out alone, " + circuit["induction_head"] in out["reading"]
     run = out["runs"][0]
     layer, head = circuit["induction_head"][1:].split("H")
     assert f"charlm attn {run} -p " in out["reading"] and f"--layer {layer} --head {head}" in out["reading"]

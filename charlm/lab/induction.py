@@ -30,7 +30,7 @@ import torch
 
 from charlm.config import ModelConfig
 from charlm.lab import tasks
-from charlm.lab.ablate import head_knockouts
+from charlm.lab.ablate import _nats, head_knockouts
 from charlm.lab.common import (
     INDUCTION_INIT,
     Chart,
@@ -153,7 +153,8 @@ def measure(model, tokenizer, fresh, probes: list[tuple[list[int], int]], step: 
 
 @torch.no_grad()
 def knockouts(model, tokenizer, fresh: list) -> dict[str, float]:
-    """The loss on the repeat (nats), intact ("none") and with each head knocked out alone ("L1H0", ...)."""
+    """The loss on the repeat (nats): intact ("none"), with each head knocked out alone ("L1H0", ...;
+    ablate.head_knockouts) and with every head of a layer knocked out at once ("L1")."""
     model.eval()
     sums: dict[str, float] = {}
     count = 0
@@ -166,9 +167,16 @@ def knockouts(model, tokenizer, fresh: list) -> dict[str, float]:
         for row, e in enumerate(group):
             keep[row, e.targets] = True  # logits at p predict text[p]
         n = int(keep.sum())
-        sums["none"] = sums.get("none", 0.0) + scored(model, tokenizer, group)[1] * n
-        for layer, head, nats in head_knockouts(model, ids, keep):
-            sums[f"L{layer}H{head}"] = sums.get(f"L{layer}H{head}", 0.0) + nats * n
+        losses = {"none": scored(model, tokenizer, group)[1]}
+        losses |= {f"L{layer}H{head}": nats for layer, head, nats in head_knockouts(model, ids, keep)}
+        for layer, block in enumerate(model.blocks):
+            hook = block.attn.proj.register_forward_pre_hook(lambda module, args: (torch.zeros_like(args[0]),))
+            try:
+                losses[f"L{layer}"] = _nats(model(ids[:, :-1])[0], ids, keep)
+            finally:
+                hook.remove()
+        for k, v in losses.items():
+            sums[k] = sums.get(k, 0.0) + v * n
         count += n
     model.train()
     return {k: round(v / count, 4) for k, v in sums.items()}
@@ -207,16 +215,27 @@ def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
 
 
 def knockout_reading(f: dict, chance: float) -> str:
-    """What knocking out the named induction head, and each other head alone, does to the repeat's loss."""
+    """What knocking out the named induction head, each other head alone, and its whole layer does to the
+    repeat's loss."""
     k = dict(f["knockouts"])
     intact, named = k.pop("none"), f["induction_head"]
-    without = k.pop(named)
-    other, worst = max(k.items(), key=lambda kv: kv[1])
-    back = (without - intact) / max(chance - intact, 1e-9)
-    return (
-        f"Knocked out alone, {named} brings the repeat's loss from {intact:.2f} back to {without:.2f} nats "
-        f"({back:.0%} of the way to guessing); the most any other head does is {other}'s {worst:.2f}."
+    layer = named.split("H")[0]
+    without, whole = k.pop(named), k.pop(layer, None)
+    heads = {h: v for h, v in k.items() if "H" in h}
+    other, worst = max(heads.items(), key=lambda kv: kv[1])
+
+    def way(v: float) -> str:
+        if v >= chance:
+            return f"worse than guessing, {chance:.2f}"
+        return f"{max(v - intact, 0) / max(chance - intact, 1e-9):.0%} of the way to guessing"
+
+    text = (
+        f"Knocked out alone, {named} brings the repeat's loss from {intact:.2f} to {without:.2f} nats ({way(without)}); "
+        f"the most any other head alone does is {other}'s {worst:.2f}"
     )
+    if whole is not None:
+        text += f"; all of layer {layer[1:]}'s heads at once, {whole:.2f} ({way(whole)})"
+    return text + "."
 
 
 def reading(found: list[dict], s: dict, example: str) -> str:
