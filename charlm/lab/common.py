@@ -25,7 +25,7 @@ from charlm.lab.tasks import Example, TaskText
 from charlm.models import param_count
 from charlm.train import Trainer
 
-LAB_DIR = Path("checkpoints/lab")  # run directories of lab models: LAB_DIR/<experiment>-<model>-<size>-s<seed>
+LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
 TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
 
