@@ -85,8 +85,8 @@ def family_reading(label: str, records: list[dict], s: dict, kind: str) -> str:
         verdict = f"above what no binding can reach at every P, in {seeds}: it looks the pairs up"
     elif not binds:
         verdict = (
-            f"within {BINDS * 100:.0f} points of what no binding can reach at every P: no sign that it binds a "
-            f"single pair ({budget})"
+            f"no more than {BINDS * 100:.0f} points above what no binding can reach at any P: no sign that it "
+            f"binds a single pair ({budget})"
         )
     else:
         verdict = (
