@@ -15,7 +15,7 @@ import statistics
 from rich.console import Console
 
 from charlm.lab import copy, recall
-from charlm.lab.common import LabResult, record, spread
+from charlm.lab.common import Chart, LabResult, record, spread
 from charlm.views.lab import render_lab
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,13 +45,16 @@ for i, r0 in enumerate(first["results"]):
 settings = {**first["settings"], "seeds": seeds}
 if name == "recall":
     reading = recall.reading(records, settings, seeds)
+    chart = Chart("pairs", ("accuracy", "no_binding"), "model", "P (key-value pairs)", "accuracy (mean over seeds)")
 else:
     reading = copy.reading(records, first["details"], settings, seeds)
+    chart = Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy (mean over seeds)")
 result = LabResult(
     name,
     settings,
     records,
     reading,
+    chart,
     runs=[run for r in runs for run in r["runs"]],
     seconds=sum(r["seconds"] for r in runs),
     details=first["details"],
