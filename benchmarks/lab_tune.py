@@ -2,8 +2,9 @@
 copy` and `charlm lab recall`. For each task, family and learning rate one model trains with the lab's own
 recipe (charlm.lab.common: model, trainer, held-out lines; a constant rate, so the model at step s of the
 longest run is the model a run of s steps gives) and is scored at every step count of the grid. Each family's
-default is its best cell: the highest mean accuracy over the sizes, the fewest steps among ties within a
-point. benchmarks/RESULTS.md ("Lab") has the table.
+default learning rate is its best cell's (the highest mean accuracy over the sizes); both families then train
+1,500 steps, above the grid's best (1,000), as the step where a circuit forms varies with the seed.
+benchmarks/RESULTS.md ("Lab") has the table.
 
     python benchmarks/lab_tune.py recall --seed 3
     python benchmarks/lab_tune.py copy --seed 3 --lrs 1e-3,3e-3,1e-2 --steps 500,1000,2000
