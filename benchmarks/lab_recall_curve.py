@@ -46,12 +46,14 @@ tf = ModelConfig(
     n_layers=2,
     d_model=64,
     n_heads=2,
-    context=5 * longest + 1,
+    context=tasks.example_length("recall", longest) + 1,
     positions="learned",
     tied=False,
 )
 cfg = tf if a.model == "transformer" else matched_rnn(tf, a.model)
-data = tasks.corpus("recall", sizes, a.chars, a.seed + longest, pad=tasks.example_length("recall", longest))
+data = tasks.corpus(
+    "recall", sizes, a.chars, a.seed + longest, pad=tasks.example_length("recall", longest), heldout=True
+)
 train_cfg = lab_train_config(
     a.steps, a.seed, "cpu", a.batch, a.lr, eval_interval=a.every, constant_lr=True, beta2=a.beta2, warmup=a.warmup
 )

@@ -31,7 +31,7 @@ mode = sys.argv[4] if len(sys.argv) > 4 else ""
 torch.manual_seed(seed)
 alpha = "\n" + tasks.alphabet("recall")
 stoi = {c: i for i, c in enumerate(alpha)}
-T, d, H = 5 * P + 1, 64, 2
+T, d, H = tasks.example_length("recall", P) + 1, 64, 2
 hs = d // H
 cos, sin = rope_tables(hs, T)
 bias = "nobias" not in mode

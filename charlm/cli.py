@@ -458,7 +458,7 @@ def lab(name, ckpt, as_json, **flags):
     \b
     CPU time of one seed at default size on a 2-core AMD EPYC (Zen 4), about the wall time on an idle
     core (the lab runs torch on one thread); --seeds K takes K times as long:
-      copy 75 s · recall 211 s · capacity 127 s · induction 39 s · cost 9 s · positions 218 s
+      copy 209 s · recall 175 s · capacity 127 s · induction 39 s · cost 9 s · positions 218 s
       heads 2 s · ablate 2 s
     """
     from charlm.lab import EXPERIMENTS, run_experiment

@@ -1,7 +1,8 @@
 """charlm lab: each experiment at --quick size through the CLI, checked against what is known to be true at
-that size (not merely that it ran), with thresholds where the results sit on a plateau (≈100% against
-chance), tried on seeds 0-2 (benchmarks/RESULTS.md, "Lab"). The copy run's models are shared: heads and
-ablate read them."""
+that size (not merely that it ran): relations to the baselines the lab prints (chance, and for recall what
+no binding can reach), with thresholds where the results sit on a plateau, tried on seeds 0-4
+(benchmarks/RESULTS.md, "Lab"). Nothing here asserts that the LSTM fails: a better-tuned LSTM must not turn
+the suite red. The copy run's models are shared: heads and ablate read them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def lab(*args: str, out=None) -> dict:
 
 @pytest.fixture(scope="module")
 def copy_result(tmp_path_factory):
-    """charlm lab copy --quick: a 2-layer Transformer and a same-size LSTM trained on copying 16 symbols."""
+    """charlm lab copy --quick: a 2-layer Transformer and a same-size LSTM, each trained on copying every N
+    from 4 to 12 symbols at once."""
     root = tmp_path_factory.mktemp("lab")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHARLM_CACHE", str(root / "cache"))
@@ -59,18 +61,22 @@ def test_wrong_use_is_one_line(args, message):
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_copy_attention_copies_where_the_same_size_lstm_cannot(copy_result):
-    acc = {r["model"]: r["accuracy"] for r in copy_result["results"]}
-    # measured (seeds 0-2): the Transformer 100% in each; the LSTM 29-41% (Zen 3, last round's recipe), 40-47%
-    # (seeds 1-2, Zen 4, this round's); 10% is chance
-    assert acc["transformer"] >= 0.9 and acc["lstm"] <= 0.6
-    params = {r["model"]: r["params"] for r in copy_result["results"]}
+def test_copy_one_model_learns_every_length_and_attention_copies_them(copy_result):
+    """Trained on every N from 4 to 12 at once (so no fixed offset finds the symbol to copy), scored at 8 and
+    12 (trained) and 16 (never seen)."""
+    records = copy_result["results"]
+    assert {(r["model"], r["length"], r["trained"]) for r in records} == {
+        (m, n, n <= 12) for m in ("transformer", "lstm") for n in (8, 12, 16)
+    }
+    assert all(0 <= r["accuracy"] <= 1 and r["chance"] == pytest.approx(0.1) for r in records)
+    acc = {(r["model"], r["length"]): r["accuracy"] for r in records}
+    # measured (seeds 0-4, benchmarks/lab_copy_curve.py at this size): 94-99% at N = 8 and 12 by step 300 of
+    # 600; chance is 10%
+    assert acc[("transformer", 8)] >= 0.9 and acc[("transformer", 12)] >= 0.9
+    params = {r["model"]: r["params"] for r in records}
     assert abs(params["lstm"] - params["transformer"]) / params["transformer"] < 0.15  # about the same size
-    head = copy_result["details"]["copy_head"]
-    assert head["weight"] >= 0.5  # one head looks at the symbol to copy: the offset diagonal
     reading = copy_result["reading"]
-    assert "N=16" in reading and "Attention wins wherever the two differ" in reading
-    assert "Contrary to the textbook" not in reading
+    assert "at longer lengths it never saw: N=16" in reading and "chance 10%" in reading
 
 
 def test_lab_models_are_normal_runs(copy_result):
@@ -113,15 +119,33 @@ def test_heads_scores_a_planted_pattern():
     assert scores[0]["nearest"] == "L0H1"  # the two sharp heads overlap before the repeat
 
 
-def test_heads_on_the_copy_model_finds_the_copy_head(copy_result):
+def test_heads_names_a_fixed_offset_head_and_scores_induction_over_periods():
+    """A head that always looks 9 tokens back scores as induction at period 10 only (its repeat sits 9 back):
+    over several periods it is named a fixed offset, and a true induction head keeps its name."""
+    from charlm.lab.heads import score_probes
+
+    probes = []
+    for P in (6, 10, 14):
+        T = 2 * P
+        w = np.zeros((1, 2, T, T))
+        for i in range(T):
+            w[0, 0, i, i - 9 if i >= 9 else 0] = 1  # fixed offset 9
+            w[0, 1, i, i - P + 1 if i >= P else max(i - 1, 0)] = 1  # induction at any period
+        probes.append((w, P))
+    heads = {r["head"]: r for r in score_probes(probes)}
+    assert heads[0]["by_period"] == [0.0, 1.0, 0.0] and heads[0]["role"] == "fixed offset"
+    assert heads[0]["offset"] == 9 and heads[0]["offset_weight"] == pytest.approx(1.0)
+    assert heads[1]["induction"] == pytest.approx(1.0) and heads[1]["role"] == "induction"
+
+
+def test_heads_on_the_copy_model(copy_result):
     run = copy_result["details"]["transformer_run"]
     out = lab("heads", run)
-    head = copy_result["details"]["copy_head"]
-    # the head that copies looks about 16 tokens back on any sequence (heads' own repeated text too): far
-    # beyond a head spreading its attention evenly (~T/4) -- though such a head may come close, so "which head
-    # looks farthest" is not asked (on an H100's CPU the other head came out ahead)
-    copier = next(r for r in out["results"] if (r["layer"], r["head"]) == (head["layer"], head["head"]))
-    assert copier["distance"] > 8
+    periods = out["settings"]["periods"]
+    assert len(periods) == 4 and periods == sorted(periods) and max(periods) <= 17  # half the context of 34
+    for r in out["results"]:
+        assert len(r["by_period"]) == 4 and r["induction"] == pytest.approx(np.mean(r["by_period"]), abs=0.01)
+        assert r["role"] in ("induction", "previous-token", "fixed offset", "local", "distant", "global")
     text = CliRunner().invoke(main, ["lab", "heads", run, "--plain"]).output
     assert "\x1b" not in text and "induction" in text and "previous" in text and "┤" in text
     result = CliRunner().invoke(main, ["lab", "heads", copy_result["details"]["lstm_run"]])
@@ -130,13 +154,11 @@ def test_heads_on_the_copy_model_finds_the_copy_head(copy_result):
 
 def test_ablate_scores_the_copy_model_on_what_it_was_trained_to_do(copy_result):
     out = lab("ablate", copy_result["details"]["transformer_run"])
-    # scored as trained: the copied half only, where the intact model is right (~0 bits a character; the
-    # whole text would mix in the random first half, ~3.3 bits a character). At this size two heads often
-    # find the position to copy from, so one knocked out costs little (measured: 0.002-0.7 bits); at default
-    # size, N=40, one head held it: 2.7 bits (docs/lab.md)
+    # scored as trained: the copied halves only, where the intact model is nearly always right (well under a
+    # bit a character; the whole text would mix in the random first halves, ~3.3 bits a character)
     assert out["settings"]["text"].endswith("(the characters its task determines)")
-    assert out["settings"]["baseline_bits_per_char"] < 0.1
-    assert all(r["damage"] > -0.05 for r in out["results"])  # no knockout makes a perfect copier better
+    assert out["settings"]["baseline_bits_per_char"] < 0.5
+    assert all(r["damage"] > -0.05 for r in out["results"])  # no knockout makes a good copier better
     assert len(out["results"]) == 4 and [r["rank"] for r in out["results"]] == [1, 2, 3, 4]
 
 
@@ -160,17 +182,25 @@ def test_cost_recomputation_grows_faster_than_the_cache():
     assert {r["mode"] for r in out["results"]} == {"state", "cache", "recompute", "train step"}
 
 
-def test_recall_one_model_learns_every_p_and_attention_looks_each_pair_up(tmp_path):
+def test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach(tmp_path):
+    from charlm.lab import tasks
+
     out = lab("recall", out=tmp_path / "runs")
-    acc = {(r["model"], r["pairs"]): r["accuracy"] for r in out["results"]}
-    assert out["settings"]["pairs"] == [2, 4] and set(acc) == {(m, p) for m in ("transformer", "lstm") for p in (2, 4)}
-    assert [Path(run).name for run in out["runs"]] == ["recall-transformer-p2-4-s0", "recall-lstm-p2-4-s0"]
-    # measured (seeds 0-2, Zen 4, float32): the Transformer 99.6-100% at P=2 and 4 (its lookup circuit forms
-    # by step 400-700 of 700); the LSTM 75-79% at P=2, 57-59% at P=4: above guessing (10%), falling as P grows
-    assert min(acc[("transformer", 2)], acc[("transformer", 4)]) >= 0.9
-    assert 0.3 <= acc[("lstm", 4)] <= 0.75 and acc[("lstm", 4)] < acc[("lstm", 2)] - 0.05
-    assert f"{acc[('lstm', 4)]:.0%} at P=4" in out["reading"] and "guessing gives 10%" in out["reading"]
-    assert "Attention wins wherever the two differ" in out["reading"]
+    records = out["results"]
+    assert out["settings"]["pairs"] == [2, 4, 8]
+    assert {(r["model"], r["pairs"]) for r in records} == {(m, p) for m in ("transformer", "lstm") for p in (2, 4, 8)}
+    assert [Path(run).name for run in out["runs"]] == ["recall-transformer-s0", "recall-lstm-s0"]
+    for r in records:
+        assert 0 <= r["accuracy"] <= 1
+        assert r["no_binding"] == pytest.approx(tasks.recall_no_binding(r["pairs"]), abs=1e-4)
+        assert r["chance"] == pytest.approx(1 / 26, abs=1e-4)
+        assert f"P={r['pairs']} " in out["reading"] and f"(no binding {r['no_binding']:.0%})" in out["reading"]
+    # measured (seeds 0-4): see RESULTS.md. Whatever the LSTM does, the Transformer looks the pairs up: far
+    # above the best answering without binding can do (50%, 29%, 16% at P = 2, 4, 8)
+    for r in records:
+        if r["model"] == "transformer":
+            assert r["accuracy"] >= r["no_binding"] + 0.4
+    assert "above what no binding can reach at every P" in out["reading"]
 
 
 def test_a_padded_task_text_holds_one_example_a_window():
@@ -185,6 +215,7 @@ def test_a_padded_task_text_holds_one_example_a_window():
         window = data.text[start : start + 21 + 1]  # the newline before it, 20 characters, the next newline
         assert window[0] == "\n" and window[-1] == "\n" and "\n" not in window[1:].rstrip("\n")
     assert all(data.text[i] in tasks.VALUES for i in np.flatnonzero(data.mask))  # the answers, only them
+    assert data.mask.sum() == sum(line.count(tasks.ASK) for line in lines[1:])  # one target a question
 
 
 def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
@@ -289,6 +320,12 @@ def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
     assert end["previous"] >= 0.3 and end["induction"] >= 0.2
     circuit = out["details"]["circuits"][0]
     assert circuit["previous_head"].startswith("L0") and circuit["induction_head"].startswith("L1")
+    # the cause: knocked out, the named head raises the repeat's loss, and layer 1's heads at once bring it back
+    # to guessing or past it (measured at this size, seeds 0-1: 0.09-0.10 intact, 0.40-0.42 without the named
+    # head, 5.1 without layer 1; ln 52 = 3.95)
+    k = circuit["knockouts"]
+    assert k[circuit["induction_head"]] > k["none"] + 0.1 and k["L1"] > math.log(52) / 2
+    assert "Knocked out alone, " + circuit["induction_head"] in out["reading"]
     run = out["runs"][0]
     layer, head = circuit["induction_head"][1:].split("H")
     assert f"charlm attn {run} -p " in out["reading"] and f"--layer {layer} --head {head}" in out["reading"]

@@ -16,9 +16,9 @@ from charlm.lab.common import LAB_DIR, LabResult
 __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
 
 EXPERIMENTS = {
-    "copy": "delayed copy of N symbols: where the LSTM's fixed state runs out and attention does not",
-    "recall": "associative recall: key-value pairs, then every key; accuracy against the number of pairs",
-    "capacity": "copy against N for LSTMs of several sizes: the fixed state's limit, in bits",
+    "copy": "delayed copy of N symbols, every N mixed: trained lengths and longer unseen ones, against chance",
+    "recall": "multi-query associative recall (MQAR): accuracy against P, beside what no binding can reach",
+    "capacity": "copy against N for LSTMs of several sizes: bits that at least crossed the state, at one budget",
     "induction": "the phase change: loss on a repeated segment and the heads' induction score, step by step",
     "cost": "time per generated token and per training step as the context grows, with fitted exponents",
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",

@@ -1,12 +1,14 @@
-"""capacity: the fixed state's limit, measured. One-layer LSTMs of several hidden sizes learn the copy task
-(N random symbols, a separator, the same N again) for every N from 1 to the longest, mixed, with the same
-budget; each is then scored at every N of a grid on fresh examples.
+"""capacity: how much crosses an LSTM's fixed state, at one training budget. One-layer LSTMs of several
+hidden sizes learn the copy task (N random symbols, a separator, the same N again) for every N from 1 to
+the longest, mixed, with the same budget; each is then scored at every N of a grid on held-out lines.
 
 N symbols are N · log2 10 bits that must cross the separator inside the state: H cell values and H
-outputs. From the accuracy a at each N, the bits that crossed are N · I(a), where I(a) is what one copied
-symbol carries when it is right with probability a and wrong evenly otherwise (common.bits_per_symbol);
-the most over N is the state's measured capacity, given beside its size in units. It is a measurement of
-what this budget taught, not of what the state could hold in principle (float32 numbers hold far more).
+outputs. From the accuracy a at each N, N · I(a) bits at least crossed, where I(a) is what one copied
+symbol carries when it is right with probability a and wrong evenly otherwise (common.bits_per_symbol):
+by Fano's inequality a mean accuracy a needs at least that much information, so it is a lower bound on
+what crossed, not a measure of all of it. The most over N is given beside the state's size in numbers. It
+is what this budget taught, not what the state could hold in principle (float32 numbers hold far more),
+and a longer budget may move it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         for seed_ in seed_list:
             name = f"capacity-lstm-h{H}-s{seed_}"
             progress(f"training {name} ({k}/{len(s['hidden'])}, seed {seed_}, {param_count(cfg):,} parameters)")
-            data = tasks.corpus("copy", tuple(range(1, s["longest"] + 1)), s["train_chars"], seed_ + H)
+            data = tasks.corpus("copy", tuple(range(1, s["longest"] + 1)), s["train_chars"], seed_ + H, heldout=True)
             cfg_train = lab_train_config(s["steps"], seed_, device, s["batch_size"], s["lr"])
             run_dir = train_model(data, out / name, cfg, cfg_train)
             runs.append(str(run_dir))
@@ -95,7 +97,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
 
 def summarise(H: int, records: list[dict], seeds: list[int]) -> dict:
     """One LSTM size: the longest N it copies (every N up to it, every seed), the first N it fails, and the
-    most bits that crossed its state (the mean over seeds at each N, the best N)."""
+    most bits that at least crossed its state (the mean over seeds at each N, the best N)."""
     copies = 0
     for r in records:  # the grid in order
         if min(r.get("per_seed") or [r["accuracy"]]) < COPIES:
@@ -123,22 +125,22 @@ def reading(summary: list[dict], s: dict, seeds: list[int]) -> str:
         held = f"copies every N up to {r['copies_up_to']}" if r["copies_up_to"] else "copies no N"
         fails = f", fails (< {COPIES:.0%}) from N={r['fails_at']}" if r["fails_at"] else ""
         parts.append(
-            f"{r['hidden']} units: {held}{fails}; at most {r['bits_copied']:.1f} bits crossed (at N={r['at_length']}), "
-            f"{r['bits_per_unit']:.2f} per number of its state ({r['state_units']})."
+            f"{r['hidden']} units: {held}{fails}; at least {r['bits_copied']:.1f} bits crossed a state of "
+            f"{r['state_units']} numbers (at N={r['at_length']}; {r['bits_per_unit']:.2f} a number), at this budget."
         )
     pairs = list(zip(summary, summary[1:]))
     later = [(a, b) for a, b in pairs if (a["fails_at"] or math.inf) < (b["fails_at"] or math.inf)]
     more = [(a, b) for a, b in pairs if a["bits_copied"] < b["bits_copied"]]
     if len(later) == len(pairs) and len(more) == len(pairs):
         parts.append(
-            "The N where copying fails grows with the state, and so do the bits that cross it: the fixed "
-            "state is the limit, and a wider one moves it, never removes it."
+            "At this budget the N where copying fails grows with the state, and so do the bits that at least "
+            "crossed it: a wider state copied longer lines."
         )
     else:
         flat = [f"{a['hidden']} → {b['hidden']} units" for a, b in pairs if (a, b) not in later or (a, b) not in more]
         parts.append(
-            f"The failure point or the bits do not grow at every step in size ({', '.join(flat)}): within this "
-            "budget training, not only the state, limited some sizes (or both copy every N tried)."
+            f"The failure point or the bits do not grow at every step in size ({', '.join(flat)}): at this "
+            "budget the state's size alone does not order them (or both copy every N tried)."
         )
     parts.append(
         f"Budget: {s['steps']} steps of {s['batch_size']} examples per LSTM (N from 1 to {s['longest']}, mixed), "

@@ -25,7 +25,7 @@ from charlm.lab.tasks import Example, TaskText
 from charlm.models import param_count
 from charlm.train import Trainer
 
-LAB_DIR = Path("checkpoints/lab")  # run directories of lab models: LAB_DIR/<experiment>-<model>-<size>-s<seed>
+LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
 TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
 
@@ -254,51 +254,70 @@ def spread(values: list[float]) -> dict:
     return out
 
 
+FAMILIES = ("transformer", "lstm")
+
+
 def sweep(
-    task: str, sizes, s: dict, context_for, out: Path, seeds: list[int], device: str, progress, mixed: bool = False
+    task: str,
+    trained: tuple[int, ...],
+    tested: tuple[int, ...],
+    s: dict,
+    context: int,
+    out: Path,
+    seeds: list[int],
+    device: str,
+    progress,
+    pad: int | None = None,
+    beside=lambda size: {},
 ) -> tuple[list[dict], dict]:
-    """Train a Transformer (settings s) and a same-size LSTM with the same budget, and score each at every task
-    size on fresh examples. One model per size and seed, or with `mixed` one per seed that learns every size
-    at once (examples of each size, one a row, padded to the longest) and is scored at each: the protocol of
-    Zoology's multi-query recall. Returns (one record per model and size, over the seeds; run directory by
-    (model, size, seed))."""
+    """Train a Transformer (settings s) and an LSTM of about its size, each family at its own learning rate and
+    steps (s["lr"][family], s["steps"][family]: the best of the same sweep for each, benchmarks/lab_tune.py),
+    one model per family and seed that learns every size of `trained` at once (lines of each size mixed:
+    padded with newlines to `pad` characters, one line a window, or packed one after another), and score it
+    at every size of `tested` on held-out lines (tasks.examples: never a training line). beside(size): the
+    baselines a record shows beside its accuracy. Returns (one record per family and tested size, over the
+    seeds; run directory by (family, seed))."""
     key = {"copy": "length", "recall": "pairs"}[task]
-    groups = [tuple(sizes)] if mixed else [(n,) for n in sizes]  # the sizes one model learns
-    scores, seconds, configs, runs = {}, {}, {}, {}
-    jobs = [(group, kind) for group in groups for kind in ("transformer", "lstm")]
+    scores: dict[tuple[str, int], list[float]] = {}
+    seconds: dict[str, list[float]] = {}
+    configs, runs = {}, {}
     clock = Clock()
-    for k, (group, kind) in enumerate(jobs, 1):
-        cfg = lab_model(task, s, context_for(max(group)), kind)
+    for k, kind in enumerate(FAMILIES, 1):
+        cfg = configs[kind] = lab_model(task, s, context, kind)
+        steps, lr = s["steps"][kind], s["lr"][kind]
         for seed in seeds:
-            name = f"{task}-{kind}-{'n' if task == 'copy' else 'p'}{'-'.join(map(str, group))}-s{seed}"
+            name = f"{task}-{kind}-s{seed}"
             progress(
-                f"training {name} ({k}/{len(jobs)}, seed {seed}, {param_count(cfg):,} parameters, {s['steps']} steps)"
+                f"training {name} ({k}/{len(FAMILIES)}, seed {seed}, {param_count(cfg):,} parameters, {steps} steps)"
             )
             t0 = clock()
-            data = tasks.corpus(
-                task, group, s["train_chars"], seed + max(group), pad=tasks.example_length(task, max(group))
-            )
+            data = tasks.corpus(task, tuple(trained), s["train_chars"], seed + max(trained), pad=pad, heldout=True)
             # the reference's optimizer: AdamW, betas (0.9, 0.95), a constant rate from the first step
             train_cfg = lab_train_config(
-                s["steps"], seed, device, s["batch_size"], s["lr"], constant_lr=True, beta2=0.95, warmup=0
+                steps, seed, device, s["batch_size"], lr, constant_lr=True, beta2=0.95, warmup=0
             )
             ck = load_run(train_model(data, out / name, cfg, train_cfg, PYTORCH_INIT))
-            for n in group:
+            for n in tested:
                 examples = tasks.examples(task, n, s["eval_examples"], seed + 10_000 + n)
                 scores.setdefault((kind, n), []).append(accuracy(ck.model, ck.tokenizer, examples))
-                seconds.setdefault((kind, n), []).append(clock() - t0)
-                configs[(kind, n)], runs[(kind, n, seed)] = cfg, str(out / name)
-    records = [
-        record(
-            model=kind,
-            **{key: n},
-            **spread(scores[(kind, n)]),
-            params=param_count(configs[(kind, n)]),
-            train_seconds=statistics.fmean(seconds[(kind, n)]),
-        )
-        for n in sizes
-        for kind in ("transformer", "lstm")
-    ]
+            seconds.setdefault(kind, []).append(clock() - t0)
+            runs[(kind, seed)] = str(out / name)
+    records = []
+    for n in tested:
+        for kind in FAMILIES:
+            values = spread(scores[(kind, n)])
+            records.append(
+                record(
+                    model=kind,
+                    **{key: n},
+                    **({"trained": n in trained} if set(tested) - set(trained) else {}),
+                    accuracy=values.pop("accuracy"),
+                    **beside(n),
+                    **values,
+                    params=param_count(configs[kind]),
+                    train_seconds=statistics.fmean(seconds[kind]),
+                )
+            )
     return records, runs
 
 
@@ -329,55 +348,15 @@ def per_seed(r: dict) -> list[float]:
     return r.get("per_seed") or [r["accuracy"]]
 
 
-def _values(values: list[float]) -> str:
-    return ", ".join(f"{v:.0%}" for v in values)
+def pct(x: float) -> str:
+    """A share as the readings print it: whole percent, one decimal below 10%."""
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
 
 
-def family_reading(label: str, records: list[dict], key: str, good: float, near_chance: float) -> str:
-    """One sentence on one family's records (one per task size, over the seeds), size by size: where every
-    seed scores at least `good`, where every seed is at most `near_chance`, and every seed's value between."""
-    sym = {"length": "N", "pairs": "P"}[key]
-    K = len(per_seed(records[0]))
-    every = f"in {K} of {K} seeds" if K > 1 else "(one seed)"
-    groups: list[tuple[str, list]] = []  # consecutive sizes of one kind: "top", "low", or a size's own values
-    for r in sorted(records, key=lambda r: r[key]):
-        values = per_seed(r)
-        kind = "top" if min(values) >= good else "low" if max(values) <= near_chance else _values(values)
-        if groups and groups[-1][0] == kind and kind in ("top", "low"):
-            groups[-1][1].append(r[key])
-        else:
-            groups.append((kind, [r[key]]))
-    parts = []
-    for kind, sizes in groups:
-        at = f"{sym}={', '.join(map(str, sizes))}"
-        if kind == "top":
-            parts.append(f"≥ {good:.0%} at {at} {every}")
-        elif kind == "low":
-            parts.append(f"at chance (≤ {near_chance:.0%}) at {at} {every}")
-        else:
-            parts.append(f"{kind} at {at}")
-    return f"{label}: " + "; ".join(parts) + "."
-
-
-def verdict(records: list[dict], key: str, budget: str, textbook: str) -> str:
-    """Which family wins where the two differ (by the mean over seeds, by more than 5 points), read
-    against the textbook: attention ahead. A contradiction names the budget and seeds that produced it."""
-    sym = {"length": "N", "pairs": "P"}[key]
-    acc = {(r["model"], r[key]): r["accuracy"] for r in records}
-    sizes = sorted({r[key] for r in records})
-    tf_better = [n for n in sizes if acc[("transformer", n)] > acc[("lstm", n)] + 0.05]
-    lstm_better = [n for n in sizes if acc[("lstm", n)] > acc[("transformer", n)] + 0.05]
-    if lstm_better:
-        return (
-            f"Contrary to the textbook, the LSTM does better at {sym}={', '.join(map(str, lstm_better))} "
-            f"({budget}): there the Transformer had not formed its circuit within this budget"
-            + (f"; at {sym}={', '.join(map(str, tf_better))} attention is ahead." if tf_better else ".")
-        )
-    if tf_better:
-        return (
-            f"Attention wins wherever the two differ ({sym}={', '.join(map(str, tf_better))}), {textbook} ({budget})."
-        )
-    return f"The two families score the same within 5 points at every {sym} tried ({budget})."
+def span(values: list[float]) -> str:
+    """Every seed's accuracy as a reading quotes it: one value, or the lowest-highest."""
+    low, high = min(values), max(values)
+    return pct(low) if pct(low) == pct(high) else f"{pct(low)}-{pct(high)}"
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float:

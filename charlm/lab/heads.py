@@ -1,10 +1,14 @@
 """heads CKPT: every attention head of a trained Transformer described by measured scores, so a person
 knows which heads are worth drawing with `charlm attn`.
 
-The probe is a random sequence of P tokens followed by the same P tokens again (Olsson et al. 2022):
+The probe is a random sequence of P tokens followed by the same P tokens again (Olsson et al. 2022), for
+several periods P (PERIODS of them, spread up to half the context), and each score is the mean over them:
   previous-token  mean weight a token puts on the token just before it
   induction       in the repeat, mean weight on the token that followed the current token's first
-                  occurrence (a head that copies what came next last time)
+                  occurrence (a head that copies what came next last time); also shown period by period
+  offset          the distance d ≥ 2 a head puts the most weight at, the same d at every period, and that
+                  weight: a head that looks a fixed distance back scores high here and as induction only at
+                  the period whose repeat sits that far back, so it is named "fixed offset", not induction
   distance        tokens looked back, weighted by attention, mean over queries
   entropy         bits of each query's attention, mean (0: one key; log2(i+1): uniform)
   nearest, cosine the most similar other head: cosine of two heads' attention maps
@@ -26,7 +30,8 @@ from charlm.lab.common import (
 from charlm.models.probes import capture_attention
 
 QUICK: dict = {}
-PREVIOUS, INDUCTION = 0.4, 0.3  # scores from which a head is named for that pattern
+PREVIOUS, INDUCTION, OFFSET = 0.4, 0.3, 0.4  # scores from which a head is named for that pattern
+PERIODS = 4  # probes, of periods spread up to half the context
 LOCAL = 2.5  # mean distance (tokens) up to which a head is local
 
 
@@ -54,6 +59,7 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
     sim = unit @ unit.T
     np.fill_diagonal(sim, -np.inf)
     uniform_entropy = float(np.mean(np.log2(rows + 1)))
+    at_offset = offsets(weights)  # (L, H, T): mean weight d tokens back
     out = []
     for layer in range(L):
         for head in range(H):
@@ -64,6 +70,7 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
             p = w[rows]
             ent = float(np.mean(-np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1)), 0), axis=1)))
             k = layer * H + head
+            d = int(np.argmax(at_offset[layer, head, 2:])) + 2 if T > 2 else 1
             near = int(np.argmax(sim[k])) if L * H > 1 else k
             out.append(
                 record(
@@ -74,24 +81,99 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
                     induction=ind,
                     distance=dist,
                     entropy=ent,
+                    offset=d,
+                    offset_weight=float(at_offset[layer, head, d]) if T > 2 else 0.0,
                     nearest=f"L{near // H}H{near % H}",
                     cosine=float(sim[k, near]) if L * H > 1 else 1.0,
-                    role=role(prev, ind, dist, ent, uniform_entropy),
+                    role=role(prev, ind, dist, ent, uniform_entropy, float(at_offset[layer, head, d]) if T > 2 else 0),
                 )
             )
     return out
 
 
-def role(prev: float, ind: float, dist: float, ent: float, uniform_entropy: float) -> str:
-    if ind >= INDUCTION and ind >= prev:
+def offsets(weights: np.ndarray) -> np.ndarray:
+    """(L, H, T): each head's mean weight on the token d back, over the queries that have one, for d < T."""
+    L, H, T, _ = weights.shape
+    out = np.zeros((L, H, T))
+    for d in range(T):
+        q = np.arange(d, T)
+        out[:, :, d] = weights[:, :, q, q - d].mean(axis=-1)
+    return out
+
+
+def role(prev: float, ind: float, dist: float, ent: float, uniform_entropy: float, offset: float = 0.0) -> str:
+    """A head's name from its scores: induction only where its induction score beats both its previous-token
+    score and the weight it puts at its one fixed offset (over several periods, a head that looks a fixed
+    distance back scores as induction at one period alone)."""
+    if ind >= INDUCTION and ind >= prev and ind > offset:
         return "induction"
     if prev >= PREVIOUS:
         return "previous-token"
+    if offset >= OFFSET:
+        return "fixed offset"
     if dist <= LOCAL:
         return "local"
     if ent >= 0.5 * uniform_entropy:
         return "global"
-    return "distant"  # focused, but far back (e.g. a copy head at a fixed offset)
+    return "distant"  # focused, but far back, at no one distance
+
+
+def periods_for(context: int, longest: int = 64) -> list[int]:
+    """PERIODS probe periods spread evenly up to half the context (at most `longest`), each at least 2."""
+    top = max(2, min(longest, context // 2))
+    return sorted({max(2, round(top * (k + 1) / PERIODS)) for k in range(PERIODS)})
+
+
+def score_periods(model, tokenizer, periods: list[int], seed: int) -> list[dict]:
+    """Every head's scores on one probe of each period (score_probes)."""
+    probes = []
+    for k, P in enumerate(periods):
+        _, w = capture_attention(model, probe_ids(tokenizer, P, seed + k))
+        probes.append((w, P))
+    return score_probes(probes)
+
+
+def score_probes(probes: list[tuple[np.ndarray, int]]) -> list[dict]:
+    """Every head's scores from its attention weights (L, H, 2P, 2P) on probes of several periods P, each
+    score the mean over the probes, with the induction score at each period and the one offset d >= 2 that
+    holds the most weight over all of them (its mean weight d back, over the probes long enough to have it).
+    Pure numbers in, records out."""
+    per = [score_heads(w, P) for w, P in probes]
+    T = max(w.shape[-1] for w, _ in probes)
+    total, reach = 0.0, np.zeros(T)
+    for w, _ in probes:
+        prof = np.zeros(w.shape[:2] + (T,))
+        prof[:, :, : w.shape[-1]] = offsets(w)
+        total = total + prof
+        reach[: w.shape[-1]] += 1
+    mean_profile = total / np.maximum(reach, 1)  # (L, H, T)
+    uniform_entropy = float(np.mean([np.mean(np.log2(np.arange(2, w.shape[-1] + 1))) for w, _ in probes]))
+    out = []
+    for i, h in enumerate(per[0]):
+        prev = float(np.mean([p[i]["previous"] for p in per]))
+        ind = float(np.mean([p[i]["induction"] for p in per]))
+        dist = float(np.mean([p[i]["distance"] for p in per]))
+        ent = float(np.mean([p[i]["entropy"] for p in per]))
+        prof = mean_profile[h["layer"], h["head"]]
+        d = int(np.argmax(prof[2:])) + 2
+        out.append(
+            record(
+                layer=h["layer"],
+                head=h["head"],
+                head_id=h["head_id"],
+                previous=prev,
+                induction=ind,
+                by_period=[round(p[i]["induction"], 2) for p in per],
+                offset=d,
+                offset_weight=float(prof[d]),
+                distance=dist,
+                entropy=ent,
+                nearest=h["nearest"],
+                cosine=h["cosine"],
+                role=role(prev, ind, dist, ent, uniform_entropy, float(prof[d])),
+            )
+        )
+    return out
 
 
 def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None = None) -> LabResult:
@@ -102,40 +184,49 @@ def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None 
             f"{ckpt} is an {ck.model_config.kind.upper()}: it has no attention heads; "
             "try charlm lab ablate for its gates"
         )
-    P = period or min(64, ck.model_config.context // 2)
-    _, weights = capture_attention(ck.model, probe_ids(ck.tokenizer, P, seed))
-    records = score_heads(weights, P)
+    periods = [period] if period else periods_for(ck.model_config.context)
+    records = score_periods(ck.model, ck.tokenizer, periods, seed)
     return LabResult(
         "heads",
-        {"checkpoint": str(ck.path), "period": P, "seed": seed},
+        {"checkpoint": str(ck.path), "periods": periods, "seed": seed},
         records,
-        reading(records, P),
-        Chart("head_id", ("previous", "induction"), None, "head (layer × heads + head)", "score"),
+        reading(records, periods),
+        Chart("head_id", ("previous", "induction", "offset_weight"), None, "head (layer × heads + head)", "score"),
         seconds=clock(),
     )
 
 
-def reading(records: list[dict], period: int) -> str:
+def reading(records: list[dict], periods: list[int]) -> str:
     def name(r):
         return f"L{r['layer']}H{r['head']}"
 
-    parts = [f"On {period} random tokens repeated once, {len(records)} heads:"]
-    for what in ("induction", "previous-token", "local", "distant", "global"):
+    parts = [
+        f"On random tokens repeated once, at periods {', '.join(map(str, periods))} (each score the mean over "
+        f"them), {len(records)} heads:"
+    ]
+    for what in ("induction", "previous-token", "fixed offset", "local", "distant", "global"):
         heads = [r for r in records if r["role"] == what]
         if heads:
             parts.append(f"{what} {', '.join(name(r) for r in heads)};")
     best_ind = max(records, key=lambda r: r["induction"])
     best_prev = max(records, key=lambda r: r["previous"])
     far = max(records, key=lambda r: r["distance"])
+    uniform = float(np.mean([1 / P for P in periods]))
     parts.append(
         f"the strongest induction score is {name(best_ind)}'s {best_ind['induction']:.2f} "
-        f"(uniform attention would give about {1 / period:.2f}), the strongest previous-token score "
-        f"{name(best_prev)}'s {best_prev['previous']:.2f}, and {name(far)} looks furthest back "
-        f"({far['distance']:.1f} tokens on average)."
+        f"({' / '.join(f'{v:.2f}' for v in best_ind['by_period'])} at the periods; uniform attention would give "
+        f"about {uniform:.2f}), the strongest previous-token score {name(best_prev)}'s {best_prev['previous']:.2f}, "
+        f"and {name(far)} looks furthest back ({far['distance']:.1f} tokens on average)."
     )
+    fixed = [r for r in records if r["role"] == "fixed offset"]
+    for r in fixed:
+        parts.append(
+            f"{name(r)} puts {r['offset_weight']:.2f} of its weight {r['offset']} tokens back whatever the period: "
+            "a fixed offset, not induction."
+        )
     if not any(r["role"] == "induction" for r in records):
         parts.append(
-            "No head copies what followed the last occurrence: this model has no induction head "
+            "No head copies what followed the last occurrence at every period: this model has no induction head "
             "(one needs two layers, a previous-token head feeding it, and enough training)."
         )
     twins = [r for r in records if r["cosine"] >= 0.9]

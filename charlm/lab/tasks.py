@@ -2,10 +2,17 @@
 examples to score it on. Each example is one line; the char tokenizer sees a small alphabet.
 
   copy       "dbhaf|dbhaf"      N random symbols, a separator, the same N symbols again
-  recall     "c4a1f7?a1?f7?c4"  P key-value pairs (distinct keys), then each key asked once after a '?'
-                                in a new order: its value follows
+  recall     "cDaKfQbX?fQ?cD"   P key-value pairs, keys and values from disjoint alphabets (26 of each:
+                                more values than pairs; no key and no value twice in a line), then half
+                                the keys, a random half in a random order, each asked after a '?': its
+                                value follows (Zoology's multi-query recall, Arora et al. 2023)
   induction  "qzkmwqzkmw"       S random letters, then the same S again (no separator: the model must
                                 notice the repeat by content, not by a fixed offset, since S varies)
+
+A test example is never a training example: an example's own text decides whether it is held out for
+testing (held_out: one in TEST_SHARE of all possible lines), training texts leave those out and test
+examples are drawn from them alone, so no size, however small its set of possible lines, scores a line
+a model was trained on.
 
 Only some characters of an example are determined by the ones before them (the copied half, each answer,
 the repeat after its first letter): `targets` marks them, and the training text carries a mask of them
@@ -14,6 +21,7 @@ and the offsets where examples begin, so a lab model learns exactly the task as 
 
 from __future__ import annotations
 
+import hashlib
 import random
 import string
 from dataclasses import dataclass
@@ -22,9 +30,10 @@ import numpy as np
 
 SYMBOLS = "abcdefghij"  # copy's symbols
 KEYS = "abcdefghijklmnopqrstuvwxyz"  # recall's keys
-VALUES = "0123456789"  # recall's values
+VALUES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # recall's values: their own alphabet, more of them than pairs
 LETTERS = string.ascii_letters  # induction's tokens: 52 of them, so a letter rarely recurs by chance
 SEP, ASK = "|", "?"
+TEST_SHARE = 4  # one possible line in this many is held out for testing (held_out)
 
 
 @dataclass
@@ -38,15 +47,29 @@ def copy_example(rng: random.Random, n: int) -> Example:
     return Example(f"{s}{SEP}{s}", list(range(n + 1, 2 * n + 1)))
 
 
+def queries(pairs: int) -> int:
+    """Keys asked in a recall line of P pairs: half of them (at least one), so the last answer is not
+    left over from the others."""
+    return max(1, pairs // 2)
+
+
 def recall_example(rng: random.Random, pairs: int) -> Example:
     keys = rng.sample(KEYS, pairs)
-    values = [rng.choice(VALUES) for _ in keys]
+    values = rng.sample(VALUES, pairs)
     text = "".join(k + v for k, v in zip(keys, values))
     targets = []
-    for q in rng.sample(range(pairs), pairs):  # every key asked once, in a new order: P answers per line
+    for q in rng.sample(range(pairs), queries(pairs)):  # a random half of the keys, in a random order
         text += f"{ASK}{keys[q]}{values[q]}"
         targets.append(len(text) - 1)
     return Example(text, targets)
+
+
+def recall_no_binding(pairs: int) -> float:
+    """The best share of recall answers right without binding a key to its value: the values of a line are
+    distinct and paired with its keys at random, so knowing every value shown and every answer given, but
+    not which value stands beside the key asked, the j-th answer (from 0) is one of the P - j values not yet
+    answered, each as likely: right with probability 1 / (P - j) at best (answering by elimination)."""
+    return sum(1 / (pairs - j) for j in range(queries(pairs))) / queries(pairs)
 
 
 def induction_example(rng: random.Random, s: int) -> Example:
@@ -67,12 +90,27 @@ def vocab_size(task: str) -> int:
 
 def example_length(task: str, size: int) -> int:
     """Characters of one example of this size, without its newline."""
-    return {"copy": 2 * size + 1, "recall": 5 * size, "induction": 2 * size}[task]
+    return {"copy": 2 * size + 1, "recall": 2 * size + 3 * queries(size), "induction": 2 * size}[task]
+
+
+def held_out(text: str) -> bool:
+    """Whether a line is held out for testing: decided by its text alone (a stable hash), so a training
+    text and a test set made from any seeds never share a line."""
+    return hashlib.blake2b(text.encode(), digest_size=8).digest()[0] % TEST_SHARE == 0
 
 
 def examples(task: str, size: int, count: int, seed: int) -> list[Example]:
+    """`count` test examples of this size: fresh lines drawn from those held out (never a training line;
+    a line may come twice where the held-out lines are few)."""
     rng = random.Random(seed)
-    return [TASKS[task](rng, size) for _ in range(count)]
+    out: list[Example] = []
+    for _ in range(1000 * count):
+        e = TASKS[task](rng, size)
+        if held_out(e.text):
+            out.append(e)
+            if len(out) == count:
+                return out
+    raise ValueError(f"no held-out {task} line of size {size}: too few possible lines to test on")
 
 
 @dataclass
@@ -85,12 +123,19 @@ class TaskText:
     mask: np.ndarray  # one bool per character: True at the targets
 
 
-def corpus(task: str, sizes: int | tuple[int, ...], chars: int, seed: int, pad: int | None = None) -> TaskText:
+def corpus(
+    task: str,
+    sizes: int | tuple[int, ...],
+    chars: int,
+    seed: int,
+    pad: int | None = None,
+    heldout: bool = False,
+) -> TaskText:
     """About `chars` characters of examples, one per line, each of a size drawn from `sizes` (or of that one
     size). The first line is the alphabet, once, so the char tokenizer built from this text knows it all.
     pad: fill each line with newlines to this many characters, so that a window of pad + 1 tokens from an
     example's start holds that example alone (recall: a key asked again must not find the same key in the
-    next example)."""
+    next example). heldout: leave out the lines held out for testing (held_out; False: every line drawn)."""
     rng = random.Random(seed)
     choices = (sizes,) if isinstance(sizes, int) else tuple(sizes)
     lines = [alphabet(task)]
@@ -98,6 +143,8 @@ def corpus(task: str, sizes: int | tuple[int, ...], chars: int, seed: int, pad: 
     starts, targets = [], []
     while n < chars:
         e = TASKS[task](rng, rng.choice(choices) if len(choices) > 1 else choices[0])
+        if heldout and held_out(e.text):
+            continue
         starts.append(n)
         targets.extend(n + 1 + t for t in e.targets)
         text = e.text + "\n" * max(0, (pad or 0) - len(e.text))

@@ -38,11 +38,16 @@ def chart_text(result, width: int, color: bool) -> str | None:
     if c is None:
         return None
     series: dict[str, tuple[list, list]] = {}
-    for r in result.results:  # one line per value of c.series, or one per y key when c.series is None
-        for y in c.y if isinstance(c.y, tuple) else (c.y,):
+    keys = c.y if isinstance(c.y, tuple) else (c.y,)
+    for r in result.results:  # one line per value of c.series for the first y key, one per other y key
+        for y in keys:
             if r.get(y) is None or r.get(c.x) is None:
                 continue
-            xs, ys = series.setdefault(str(r[c.series]) if c.series else y.replace("_", " "), ([], []))
+            shared = c.series is not None and y != keys[0]  # a baseline beside every series: one line
+            name = str(r[c.series]) if c.series and not shared else y.replace("_", " ")
+            xs, ys = series.setdefault(name, ([], []))
+            if shared and r[c.x] in xs:
+                continue
             xs.append(r[c.x])
             ys.append(r[y])
     if not series:
@@ -87,8 +92,8 @@ def render_copy_views(console: Console, details: dict, attention, gates, screen)
     console.print()
     console.print(
         Text(
-            f"Why — the Transformer's layer {head['layer']} head {head['head']} on one example "
-            f"(N={details['length']}): the copied half looks back N tokens",
+            f"Why — the Transformer's layer {head['layer']} head {head['head']} on one held-out line "
+            f"(N={details['length']}; one model learned every length): where the copied half looks",
             style="bold",
         )
     )

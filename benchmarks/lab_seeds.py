@@ -1,0 +1,65 @@
+"""Merge one-seed runs of `charlm lab copy|recall --seed S --json` into the table and reading that
+`--seeds K` would print (the same records: every seed's value, the mean and the lowest), so the seeds can
+run as separate processes and each finished seed counts. What benchmarks/RESULTS.md ("Lab") quotes for
+the 10-seed figures.
+
+    for s in 0 1 2; do charlm lab recall --seed $s --json --out runs > recall-s$s.json; done
+    python benchmarks/lab_seeds.py recall-s*.json            # drawn as --plain draws it
+    python benchmarks/lab_seeds.py recall-s*.json --json     # the merged result
+"""
+
+import argparse
+import json
+import statistics
+
+from rich.console import Console
+
+from charlm.lab import copy, recall
+from charlm.lab.common import Chart, LabResult, record, spread
+from charlm.views.lab import render_lab
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("files", nargs="+")
+ap.add_argument("--json", action="store_true")
+a = ap.parse_args()
+
+runs = sorted((json.load(open(f)) for f in a.files), key=lambda r: r["settings"]["seeds"][0])
+first = runs[0]
+name, key = first["experiment"], {"copy": "length", "recall": "pairs"}[first["experiment"]]
+seeds = [r["settings"]["seeds"][0] for r in runs]
+records = []
+for i, r0 in enumerate(first["results"]):
+    values = [run["results"][i]["accuracy"] for run in runs]
+    assert all(run["results"][i][key] == r0[key] and run["results"][i]["model"] == r0["model"] for run in runs)
+    s = spread(values)
+    ordered = {}
+    for k, v in r0.items():  # the one-seed record's columns, in its order, with every seed's values
+        if k == "params" and len(values) > 1:
+            ordered |= {"lowest": s["lowest"], "per_seed": s["per_seed"]}
+        if k == "accuracy":
+            v = s["accuracy"]
+        elif k == "train_seconds":
+            v = statistics.fmean(run["results"][i][k] for run in runs)
+        ordered[k] = v
+    records.append(record(**ordered))
+settings = {**first["settings"], "seeds": seeds}
+if name == "recall":
+    reading = recall.reading(records, settings, seeds)
+    chart = Chart("pairs", ("accuracy", "no_binding"), "model", "P (key-value pairs)", "accuracy (mean over seeds)")
+else:
+    reading = copy.reading(records, first["details"], settings, seeds)
+    chart = Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy (mean over seeds)")
+result = LabResult(
+    name,
+    settings,
+    records,
+    reading,
+    chart,
+    runs=[run for r in runs for run in r["runs"]],
+    seconds=sum(r["seconds"] for r in runs),
+    details=first["details"],
+)
+if a.json:
+    print(json.dumps(result.to_dict(), indent=1))
+else:
+    render_lab(Console(width=110, color_system=None), result, color=False)

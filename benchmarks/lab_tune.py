@@ -1,0 +1,75 @@
+"""The same tuning effort for each family: the learning-rate × steps grid behind the defaults of `charlm lab
+copy` and `charlm lab recall`. For each task, family and learning rate one model trains with the lab's own
+recipe (charlm.lab.common: model, trainer, held-out lines; a constant rate, so the model at step s of the
+longest run is the model a run of s steps gives) and is scored at every step count of the grid. Each family's
+default learning rate is its best cell's (the highest mean accuracy over the sizes); both families then train
+1,500 steps, above the grid's best (1,000), as the step where a circuit forms varies with the seed.
+benchmarks/RESULTS.md ("Lab") has the table.
+
+    python benchmarks/lab_tune.py recall --seed 3
+    python benchmarks/lab_tune.py copy --seed 3 --lrs 1e-3,3e-3,1e-2 --steps 500,1000,2000
+
+Prints one line per (family, lr, steps): CPU seconds so far and the accuracy at each size. One thread, float32.
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from charlm.lab import copy, recall, tasks
+from charlm.lab.common import FAMILIES, PYTORCH_INIT, accuracy, lab_model, lab_train_config, lab_trainer
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("task", choices=("copy", "recall"))
+ap.add_argument("--seed", type=int, default=3, help="a seed the lab's figures are not quoted on")
+ap.add_argument("--lrs", default="1e-3,3e-3,1e-2")
+ap.add_argument("--steps", default="500,1000,2000")
+ap.add_argument("--families", default=",".join(FAMILIES))
+a = ap.parse_args()
+
+torch.set_num_threads(1)
+module = {"copy": copy, "recall": recall}[a.task]
+s = module.DEFAULTS
+if a.task == "copy":
+    lo, hi = s["trained"]
+    trained, tested = tuple(range(lo, hi + 1)), tuple(n for n in s["lengths"] if n <= hi)
+    context, pad = copy.context_for(max(s["lengths"])), None
+else:
+    trained = tested = tuple(s["pairs"])
+    context = tasks.example_length("recall", max(trained)) + 1
+    pad = context - 1
+grid = [int(x) for x in a.steps.split(",")]
+data = tasks.corpus(a.task, trained, s["train_chars"], a.seed + max(trained), pad=pad, heldout=True)
+fresh = {n: tasks.examples(a.task, n, s["eval_examples"], a.seed + 10_000 + n) for n in tested}
+for kind in a.families.split(","):
+    for lr in (float(x) for x in a.lrs.split(",")):
+        cfg = lab_model(a.task, s, context, kind)
+        train_cfg = lab_train_config(
+            max(grid),
+            a.seed,
+            "cpu",
+            s["batch_size"],
+            lr,
+            eval_interval=max(grid),
+            constant_lr=True,
+            beta2=0.95,
+            warmup=0,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = lab_trainer(data, Path(tmp) / "run", cfg, train_cfg, PYTORCH_INIT)
+            t0 = time.process_time()
+            for steps in grid:
+                trainer.fit(until=steps)
+                trainer.model.eval()
+                acc = {n: accuracy(trainer.model, trainer.tokenizer, ex) for n, ex in fresh.items()}
+                trainer.model.train()
+                mean = sum(acc.values()) / len(acc)
+                each = " ".join(f"{n}:{v:.3f}" for n, v in acc.items())
+                print(
+                    f"{a.task} {kind} seed {a.seed} lr {lr:g} steps {steps} cpu {time.process_time() - t0:.0f} s "
+                    f"mean {mean:.3f}  {each}",
+                    flush=True,
+                )
