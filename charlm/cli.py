@@ -145,7 +145,7 @@ def train(ctx, corpus, **flags):
         result = run(corpus, model_cfg, train_cfg, opts.out, resume=opts.resume, nproc=opts.nproc,
                      given=given, on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
-        view.interrupted(e.result, e.signum, resume_command(corpus, e.result.out_dir))
+        view.interrupted(e, resume_command(corpus, e.out_dir) if e.out_dir else None)
         sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     finally:
         view.close()

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from charlm import files
 from charlm.config import ConfigError, ModelConfig, TrainConfig, flag_name
 
 RUNS = Path("checkpoints")
@@ -42,7 +43,10 @@ LOCK = ".lock"
 
 
 def _in_use(out: Path) -> str:
-    holder = (out / LOCK).read_text(encoding="utf-8", errors="replace").strip() if (out / LOCK).exists() else ""
+    try:
+        holder = files.read_bounded(out / LOCK, 64, "lock").decode("utf-8", errors="replace").strip()
+    except ValueError:
+        holder = ""
     by = f"another charlm train (pid {holder})" if holder.isdigit() else "another charlm train"
     return f"{out} is in use by {by}: wait for it to finish, or choose another --out"
 
@@ -50,12 +54,15 @@ def _in_use(out: Path) -> str:
 def check_free(out: Path) -> None:
     """Refuse a run directory that another process holds (see RunLock), without taking it."""
     try:
-        with open(out / LOCK, "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = files.open_regular(out / LOCK, os.O_RDONLY)
+    except OSError:  # no file (a holder keeps it until it lets go), no directory, or no lock of ours
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ConfigError(_in_use(out)) from None
-    except OSError:  # no file (a holder keeps it until it lets go), or no directory: nobody holds it
-        return
+    finally:
+        os.close(fd)
 
 
 class RunLock:
@@ -69,7 +76,13 @@ class RunLock:
         self.created = next(p for p in [out, *out.parents] if p.parent.exists()) if not out.exists() else None
         out.mkdir(parents=True, exist_ok=True)
         while True:
-            f = open(self.path, "a+b")
+            try:  # never through a link (one planted there would have us truncate its target), never a FIFO
+                f = open(files.open_regular(self.path, os.O_RDWR | os.O_CREAT), "r+b")
+            except OSError as e:
+                self._remove_created()
+                raise ConfigError(
+                    f"{self.path} is not a lock file charlm can use ({e.strerror}): remove it, or choose another --out"
+                ) from None
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -78,7 +91,7 @@ class RunLock:
                 raise ConfigError(_in_use(out)) from None
             # the holder before us may have removed the file between our open and our flock: then we hold
             # the lock of a file nobody else opens, and must lock the new one
-            if self.path.exists() and os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+            if self.path.exists() and os.lstat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
                 break
             f.close()
         self.file = f
@@ -92,7 +105,10 @@ class RunLock:
     def release(self) -> None:
         if self.file.closed:
             return
-        self.path.unlink(missing_ok=True)  # before letting go, so that the next holder's file is its own
+        try:
+            self.path.unlink(missing_ok=True)  # before letting go, so that the next holder's file is its own
+        except OSError:  # a directory made read-only meanwhile: the error that matters is the run's, not this
+            pass
         self.file.close()
         self._remove_created()
 
