@@ -34,7 +34,10 @@ class CharlmGroup(click.Group):
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+            if isinstance(e.__cause__, EOFError):  # Click reads any EOFError as Ctrl-D: this one is a failure
+                print_error(failure(e.__cause__))
+                sys.exit(1)
             if _AS_PROGRAM:  # the process is ending: a second Ctrl-C or a SIGTERM could only cut this line short
                 for s in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(s, signal.SIG_IGN)

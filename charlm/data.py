@@ -164,13 +164,16 @@ def _npy_header(n: int, dtype: np.dtype) -> bytes:
     return buf.getvalue()
 
 
-def _write_npy(f, arrays: Iterable[np.ndarray], dtype: np.dtype) -> int:
+def _write_npy(f, arrays: Iterable[np.ndarray], dtype: np.dtype, digest=None) -> int:
     """Stream 1-D arrays into one .npy file: memory holds one array at a time, never all of them. Returns
-    how many elements were written."""
+    how many elements were written; digest (a hashlib object), if given, gets the bytes of the elements."""
     f.write(_npy_header(0, dtype))  # a placeholder of the same length
     n = 0
     for a in arrays:
-        f.write(np.ascontiguousarray(a, dtype=dtype).data)
+        data = np.ascontiguousarray(a, dtype=dtype).data
+        f.write(data)
+        if digest is not None:
+            digest.update(data)
         n += len(a)
     f.seek(0)
     f.write(_npy_header(n, dtype))
@@ -208,15 +211,16 @@ CACHE_RECORD_BYTES = 4096  # a cache entry's .json record is a line of ~150 byte
 def cached_tokens(path: Path, tokenizer: Tokenizer, sha256: str) -> np.ndarray | None:
     """The cache entry at path (memory-mapped) if it is what its name says: written whole by encode_corpus
     (its record is there and names this corpus), a 1-D array of the tokenizer's dtype, as many ids as the
-    record says, every id below the vocabulary size. None otherwise (absent, cut short, replaced, damaged):
-    the caller encodes the corpus again."""
+    record says, whose bytes have the sha256 the record says, every id below the vocabulary size. None
+    otherwise (absent, cut short, replaced, damaged): the caller encodes the corpus again. (Reading it all
+    once costs ~0.1 s for 100 MB of text.)"""
     try:
         record = json.loads(files.read_bounded(path.with_suffix(".json"), CACHE_RECORD_BYTES, "token cache record"))
         if files.not_regular(path):
             return None
         tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, RecursionError):  # numpy's errors for a damaged file are ValueErrors
-        return None
+    except Exception:  # numpy's reader of a damaged header raises ValueError, EOFError, SyntaxError, TokenError...
+        return None  # whatever it is, the entry is rebuilt
     if (
         not isinstance(record, dict)
         or record.get("corpus_sha256") != sha256
@@ -226,10 +230,13 @@ def cached_tokens(path: Path, tokenizer: Tokenizer, sha256: str) -> np.ndarray |
         or record.get("tokens") != len(tokens)
     ):
         return None
+    digest = hashlib.sha256()
     for at in range(0, len(tokens), 1 << 24):  # a slice at a time: a huge entry is never all in memory
-        if int(tokens[at : at + (1 << 24)].max()) >= tokenizer.vocab_size:
+        part = np.ascontiguousarray(tokens[at : at + (1 << 24)])
+        if int(part.max()) >= tokenizer.vocab_size:
             return None
-    return tokens
+        digest.update(part.data)
+    return tokens if record.get("tokens_sha256") == digest.hexdigest() else None
 
 
 def encode_corpus(
@@ -249,7 +256,7 @@ def encode_corpus(
         return out
     dtype = _token_dtype(tokenizer)
     total = Path(path).stat().st_size
-    read = hashlib.sha256()
+    read, written = hashlib.sha256(), hashlib.sha256()  # the text's bytes, and the tokens'
 
     def encoded() -> Iterator[np.ndarray]:
         done = 0
@@ -267,13 +274,13 @@ def encode_corpus(
                 progress(min(done, total), total)
 
     def write(f) -> None:
-        count[0] = _write_npy(f, encoded(), dtype)
+        count[0] = _write_npy(f, encoded(), dtype, written)
         if read.hexdigest() != sha:  # raised inside the write: the entry is never made
             raise CorpusError(f"{path} changed while charlm read it: run the command again once it stays the same")
 
     count = [0]
     _write_cache(out, write)
-    record = {"corpus_sha256": sha, "tokens": count[0], "dtype": dtype.name, "vocab_size": tokenizer.vocab_size}
+    record = {"corpus_sha256": sha, "tokens": count[0], "tokens_sha256": written.hexdigest(), "dtype": dtype.name}
     _write_cache(out.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode("utf-8")))
     if progress:
         progress(total, total)

@@ -42,12 +42,12 @@ def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
 LOCK = ".lock"
 
 
-def _in_use(out: Path) -> str:
+def _in_use(out: Path, what: str = "charlm train") -> str:
     try:
         holder = files.read_bounded(out / LOCK, 64, "lock").decode("utf-8", errors="replace").strip()
     except ValueError:
         holder = ""
-    by = f"another charlm train (pid {holder})" if holder.isdigit() else "another charlm train"
+    by = f"another {what} (pid {holder})" if holder.isdigit() else f"another {what}"
     return f"{out} is in use by {by}: wait for it to finish, or choose another --out"
 
 
@@ -71,7 +71,7 @@ class RunLock:
     never leaves a run locked. Directories it had to create are removed on release if nothing was written
     into them (a refused run leaves nothing behind)."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, what: str = "charlm train"):
         self.out, self.path = out, out / LOCK
         self.created = next(p for p in [out, *out.parents] if p.parent.exists()) if not out.exists() else None
         out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ class RunLock:
             except BlockingIOError:
                 f.close()
                 self._remove_created()
-                raise ConfigError(_in_use(out)) from None
+                raise ConfigError(_in_use(out, what)) from None
             # the holder before us may have removed the file between our open and our flock: then we hold
             # the lock of a file nobody else opens, and must lock the new one
             if self.path.exists() and os.lstat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
@@ -235,14 +235,22 @@ class Metrics:
     path: Path
     rows: list[dict]  # in order (a resumed run continues the file)
     skipped: int = 0  # lines cut short by a crash, damaged on disk or edited by hand
+    left_out: int = 0  # bytes at the start of a file larger than METRICS_READ, not read
 
     @property
     def note(self) -> str | None:
-        """The line to show when some lines were skipped."""
-        if not self.skipped:
-            return None
-        return f"skipped {self.skipped} unreadable line{'s' * (self.skipped > 1)} of {self.path}"
+        """The line to show when some lines were skipped, or the start of a huge file left out."""
+        notes = []
+        if self.left_out:
+            notes.append(
+                f"read only the last {METRICS_READ >> 20} MB of {self.path} ({self.left_out >> 20} MB left out)"
+            )
+        if self.skipped:
+            notes.append(f"skipped {self.skipped} unreadable line{'s' * (self.skipped > 1)} of {self.path}")
+        return "; ".join(notes) or None
 
+
+METRICS_READ = 16 << 20  # bytes of metrics.jsonl read at most: ~120,000 evaluations (a run makes ~20)
 
 # what the trainer writes on each line: a step, and the numbers plot and info draw
 METRICS = ("step", "train_loss", "val_loss", "val_bpc", "elapsed")
@@ -255,10 +263,15 @@ def read_metrics(run: Path) -> Metrics:
     if not path.is_file():
         raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
     try:
-        lines = path.read_bytes().splitlines()
+        with open(path, "rb") as f:  # (is_file: a regular file, or a link to one; never /dev/zero)
+            size = os.fstat(f.fileno()).st_size
+            if size > METRICS_READ:  # the latest evaluations only: a file this large is no run's own
+                f.seek(size - METRICS_READ)
+                f.readline()  # the rest of a line cut by the seek
+            lines = f.read(METRICS_READ).splitlines()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    metrics = Metrics(path, [])
+    metrics = Metrics(path, [], left_out=max(0, size - METRICS_READ))
     for line in lines:
         if not line.strip():
             continue

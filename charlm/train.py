@@ -351,10 +351,8 @@ class Trainer:
             return
         try:
             other = checkpoint.read_header(best)
-        except checkpoint.CheckpointError as e:
-            raise checkpoint.CheckpointError(
-                f"{e}. Its last.pt is intact: move {best} away, then resume (the next evaluation writes a new one)"
-            ) from None
+        except checkpoint.CheckpointError as e:  # (its message says last.pt is there: move best.pt away)
+            raise checkpoint.CheckpointError(f"{e}, then resume (the next evaluation writes a new best.pt)") from None
         if (other.model_config, other.tokenizer, other.corpus and other.corpus.sha256) != (
             saved.model_config,
             saved.tokenizer,

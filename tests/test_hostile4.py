@@ -103,7 +103,7 @@ def test_a_corpus_replaced_while_it_is_read_is_never_cached_under_the_old_hash(c
 
 @pytest.mark.parametrize(
     "damage",
-    ["short", "float32", "ids beyond the vocabulary", "2-D", "truncated", "garbage", "empty", "object"],
+    ["short", "float32", "ids beyond the vocabulary", "other ids", "2-D", "truncated", "garbage", "empty", "object"],
 )
 def test_a_damaged_cache_entry_is_never_used_but_rebuilt(corpus, tmp_path, damage):
     """Regression (items 3, 10, 12): a damaged token-cache entry was used unchecked (a 5,000-token array under
@@ -124,6 +124,8 @@ def test_a_damaged_cache_entry_is_never_used_but_rebuilt(corpus, tmp_path, damag
         bad = want.copy()
         bad[5] = 60000
         np.save(npy, bad)
+    elif damage == "other ids":  # same length, dtype and id range: only the record's sha256 tells
+        np.save(npy, want[::-1].copy())
     elif damage == "2-D":
         np.save(npy, np.stack([want, want]))
     elif damage == "truncated":
@@ -274,7 +276,7 @@ def test_resume_beside_another_models_best_pt_is_refused(corpus, tmp_path):
     one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "best.pt is not this run's")
     (out / "best.pt").write_bytes(b"PK\x03\x04 damaged")
     err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "best.pt")
-    assert "last.pt is intact: move" in err
+    assert "last.pt may be intact: use it, or move best.pt away, then resume" in err
 
 
 def crafted(out, **changes):
