@@ -149,6 +149,11 @@ def train(ctx, corpus, **flags):
                      given=given, on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
         view.interrupted(e, resume_command(corpus, e.out_dir) if e.out_dir else None)
+        if _AS_PROGRAM:  # everything is on disk: end now, not after seconds of tearing torch down
+            from charlm.distributed import exit_process
+
+            view.close()
+            exit_process(128 + e.signum)
         sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     finally:
         view.close()

@@ -4,6 +4,14 @@ the finding it guards; signals in every phase are in test_signals.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import fields, replace
 
 import pytest
@@ -315,3 +323,141 @@ def test_resume_from_a_crafted_training_state_is_one_line(corpus, tmp_path, what
     checkpoint.save(replace(saved, **change), out / "last.pt")
     err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "last.pt cannot be resumed")
     assert "unexpected" not in err
+
+
+# ---- 9, 10, 15, 16, 19, 21: the lab -------------------------------------------------------------------------
+
+
+def lab_process(tmp_path, *args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "charlm", "lab", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_two_labs_into_one_out_and_ctrl_c_in_a_lab(tmp_path):
+    """Regression (items 9, 15): two `lab induction --quick --out lab3` at once each deleted the other's files
+    and interleaved metrics.jsonl, both exiting 0; Ctrl-C during a lab's training ended in "unexpected
+    TrainingInterrupted … please report", exit 1. The lab now holds its --out with the run lock (a second
+    is refused in one line), and a Ctrl-C is "interrupted", exit 130."""
+    out = tmp_path / "lab3"
+    first = lab_process(tmp_path, "induction", "--quick", "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/metrics.jsonl")):  # training (an evaluation was written)
+        assert time.monotonic() < deadline and first.poll() is None, first.stderr.read() if first.poll() else ""
+        time.sleep(0.05)
+    one_line_error(cli("lab", "induction", "--quick", "--out", out), f"{out} is in use by another charlm lab")
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130, stderr
+    assert "interrupted" in stderr and "unexpected" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_lab_out_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """Regression (item 16): `lab … --out` on a file, or a path under a file, was an unexpected OSError after
+    the work began (train checks its --out first; lab did not)."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for out in (plain, plain / "under"):
+        one_line_error(cli("lab", "induction", "--quick", "--out", out), "cannot write to")
+
+
+@pytest.fixture
+def lab_run(gen_runs, tmp_path):
+    """A lab run directory as `lab ablate` reads one: a char checkpoint, its corpus.txt and targets.npy."""
+    run = tmp_path / "labrun"
+    run.mkdir()
+    shutil.copy(gen_runs["lstm"] / "last.pt", run / "last.pt")
+    (run / "corpus.txt").write_text("ROMEO:\nBut soft\n" * 5, encoding="utf-8")
+    return run
+
+
+def test_lab_ablate_names_a_damaged_targets_file(lab_run):
+    """Regression (items 10, 19): an empty targets.npy under `lab ablate` printed "interrupted" and exited 130
+    (Click took the EOFError for Ctrl-D); a garbage one or an object array was an unexpected ValueError.
+    Each is one line naming the file."""
+    import numpy as np
+
+    targets = lab_run / "targets.npy"
+    for damage in ("empty", "garbage", "object"):
+        if damage == "object":
+            np.save(targets, np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
+        else:
+            targets.write_bytes(b"" if damage == "empty" else b"\x93NUMPY nonsense")
+        one_line_error(cli("lab", "ablate", lab_run / "last.pt"), "targets.npy is damaged")
+
+
+def test_lab_ablate_text_that_is_a_device_is_named_so(lab_run):
+    """Regression (items 20, 21): `lab ablate --text /dev/zero` said "does not exist"; it is now "not a regular
+    file" (a device never ends), and a real text is read only as far as it is scored."""
+    one_line_error(cli("lab", "ablate", lab_run / "last.pt", "--text", "/dev/zero"), "not a regular file")
+
+
+# ---- 20: endless inputs ---------------------------------------------------------------------------------------
+
+
+def test_endless_prompts_end_in_one_line(gen_runs, tmp_path):
+    """Regression (item 20): `sample --prompt-file /dev/zero` and `yes | charlm sample` read until memory ran
+    out. A prompt is read up to 16 MB (far beyond any context), then refused in one line."""
+    one_line_error(cli("sample", gen_runs["lstm"], "--prompt-file", "/dev/zero"), "more than 16 MB")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(
+        f"yes | {shlex.quote(sys.executable)} -m charlm sample {shlex.quote(str(gen_runs['lstm']))}",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "more than 16 MB" in r.stderr, r.stderr
+
+
+# ---- 22: compare labels, plot legends, huge metrics ------------------------------------------------------
+
+
+def test_compare_labels_best_and_last_of_one_run_apart(gen_runs):
+    """Regression (item 22): `compare runs/x/best.pt runs/x/last.pt` labelled both rows by the run's name only."""
+    run = gen_runs["tf"]
+    r = cli("compare", run / "best.pt", run / "last.pt", "-n", "3", "-p", "RO", "--seed", "0")
+    assert r.exit_code == 0, r.output
+    assert f"{run.name} (best.pt)" in r.output and f"{run.name} (last.pt)" in r.output
+
+
+def metrics_line(step: int) -> str:
+    return json.dumps({"step": step, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": step / 10})
+
+
+def test_plot_of_many_runs_keeps_its_legend(tmp_path):
+    """Regression (item 22): `plot` with 9 or more runs dropped the legend without a word (plotext leaves it
+    out when it does not fit inside the chart). It now follows the chart."""
+    dirs = []
+    for i in range(10):
+        d = tmp_path / f"run{i:02d}"
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(metrics_line(s) + "\n" for s in (10, 20, 30)))
+        dirs.append(d)
+    r = cli("plot", *dirs)
+    assert r.exit_code == 0, r.output
+    for d in dirs:
+        assert f"{d.name} val" in r.output and f"{d.name} train" in r.output
+
+
+def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path):
+    """Regression (item 22): a 400 MB metrics.jsonl made `info` and `plot` take 70 s and 3.3 GB. At most its
+    last 16 MB are read (about 120,000 evaluations; a run writes ~20), and a note says so."""
+    from charlm import runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    line = metrics_line(1) + "\n"
+    with open(run / "metrics.jsonl", "w") as f:
+        f.write(line * ((20 << 20) // len(line)))
+    metrics = runs.read_metrics(run)
+    assert 0 < len(metrics.rows) <= (16 << 20) // len(line) and metrics.skipped == 0
+    assert "read only the last 16 MB" in metrics.note
+    r = cli("plot", run)
+    assert r.exit_code == 0 and "read only the last 16 MB" in r.output, r.output
