@@ -303,19 +303,16 @@ def usual_speed(key: str, tokens_per_s: float | None, path: Path) -> float | Non
     (JSON: key -> tokens/s), which then records this run's speed. None the first time. A damaged or
     unwritable file starts afresh: a speed record is never worth an error."""
     try:
-        best = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        best = json.loads(files.read_bounded(path, 16 << 20, "speed record"))
+    except (ValueError, RecursionError):  # (read_bounded's errors are ValueErrors)
         best = {}
     best = best if isinstance(best, dict) else {}
     before = best.get(key)
     before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else None
     if tokens_per_s is not None and math.isfinite(tokens_per_s) and tokens_per_s > 0:
         best[key] = max(tokens_per_s, before or 0.0)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(best), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
+        try:  # (atomic_write: never through a link planted at a guessable temp name)
+            files.atomic_write(path, lambda f: f.write(json.dumps(best).encode("utf-8")), parents=True)
+        except files.WriteError:
+            pass
     return before
