@@ -9,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -37,6 +38,21 @@ def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
     if not runs:
         raise ConfigError(f"--resume found no run {RUNS}/{base}*/last.pt: name the run with --out DIR")
     return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
+
+
+def check_writable(out: Path) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot write to {out}: {probe} is a file, not a directory")
+    try:  # really try: os.access says yes to root, and knows nothing of read-only mounts or ACLs
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+        ) from None
 
 
 LOCK = ".lock"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 from conftest import CITIZENS, TINY, cli, one_line_error
@@ -461,3 +462,29 @@ def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path):
     assert "read only the last 16 MB" in metrics.note
     r = cli("plot", run)
     assert r.exit_code == 0 and "read only the last 16 MB" in r.output, r.output
+
+
+# ---- issue 28: the progress bar after an evaluation -------------------------------------------------------
+
+
+def test_the_progress_bar_shows_the_latest_evaluation_at_once():
+    """Regression (issue 28, "Silence"): after the final evaluation the bar still showed the val loss of the
+    evaluation before (it was only redrawn at the next step, and there is none after the last)."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.config import ModelConfig, TrainConfig
+    from charlm.train import Evaluated, Started, Stepped
+    from charlm.views.progress import TrainView
+
+    view = TrainView(Console(file=io.StringIO(), force_terminal=True, width=120))
+    started = dict(out_dir=Path("run"), device="cpu", params=1, start_step=0, train_tokens=1, val_tokens=1)
+    view(Started(model_config=ModelConfig(), train_config=TrainConfig(steps=10), vocab_size=3, **started))
+    view(Stepped(step=5, loss=2.0, lr=0.1, tokens_per_s=100, elapsed=1.0))
+    view(Evaluated(step=5, train_loss=2.0, val_loss=3.874, val_bpc=5.5, is_best=True))
+    view(Stepped(step=10, loss=1.5, lr=0.1, tokens_per_s=100, elapsed=2.0))
+    view(Evaluated(step=10, train_loss=1.5, val_loss=1.234, val_bpc=1.8, is_best=True))  # the final one
+    (task,) = view.progress.tasks
+    view.close()
+    assert "val 1.234" in task.fields["info"] and "3.874" not in task.fields["info"], task.fields["info"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -19,6 +18,7 @@ from typing import NoReturn
 from charlm import checkpoint, distributed, files, memory, runs
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.data import cache_dir
+from charlm.runs import check_writable
 from charlm.runtime import cpu_name, pick_device
 from charlm.train import (
     Result,
@@ -177,25 +177,10 @@ def check_unused(out: Path) -> None:
 
 
 def _not_empty(path: Path) -> bool:
-    try:
-        return not path.is_file() or path.stat().st_size > 0
+    try:  # (a directory or a FIFO of that name is no run's: writing there fails, in one line, when it comes)
+        return path.is_file() and path.stat().st_size > 0
     except OSError:
-        return True
-
-
-def check_writable(out: Path) -> None:
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"cannot write to {out}: {probe} is a file, not a directory")
-    try:  # really try: os.access says yes to root, and knows nothing of read-only mounts or ACLs
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as e:
-        raise ConfigError(
-            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
-        ) from None
+        return False
 
 
 def torchrun(nproc: int, out: Path, device: str, launch: Callable[[list[str]], NoReturn] | None) -> NoReturn:

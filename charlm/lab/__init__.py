@@ -56,8 +56,7 @@ def run_experiment(
             return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
         extra = {"seeds": s.seeds} if name in SEEDED else {}
         out = Path(s.out) if s.out else LAB_DIR
-        from charlm.commands.train import check_writable
-        from charlm.runs import RunLock
+        from charlm.runs import RunLock, check_writable
         from charlm.train import TrainingInterrupted
 
         check_writable(out)  # before any work, as train does: a file, a read-only mount
