@@ -288,13 +288,14 @@ def test_resume_beside_another_models_best_pt_is_refused(corpus, tmp_path):
     assert "last.pt may be intact: use it, or move best.pt away, then resume" in err
 
 
-def crafted(out, **changes):
-    """Rewrite out/last.pt with some of its tensor fields changed (a crafted or damaged file)."""
-    import torch
-
-    saved = checkpoint.read(out / "last.pt")
-    checkpoint.save(replace(saved, **changes), out / "last.pt")
-    return torch
+def test_sample_of_a_run_whose_best_pt_is_damaged_points_at_last_pt(gen_runs, tmp_path):
+    """Regression (item 21): a damaged best.pt beside a good last.pt said "train again", with no word of
+    last.pt (which `sample RUN` passes over for best.pt)."""
+    run = tmp_path / "run"
+    shutil.copytree(gen_runs["lstm"], run)
+    (run / "best.pt").write_bytes(b"PK\x03\x04 damaged")
+    one_line_error(cli("sample", run, "-n", "2"), f"{run / 'last.pt'} may be intact: use it, or move best.pt away")
+    assert cli("sample", run / "last.pt", "-n", "2").exit_code == 0
 
 
 @pytest.mark.parametrize("what", ["lstm optimizer", "3-byte rng", "rng without data", "wrong-shape state", "nan state"])
@@ -405,6 +406,7 @@ def test_endless_prompts_end_in_one_line(gen_runs, tmp_path):
     """Regression (item 20): `sample --prompt-file /dev/zero` and `yes | charlm sample` read until memory ran
     out. A prompt is read up to 16 MB (far beyond any context), then refused in one line."""
     one_line_error(cli("sample", gen_runs["lstm"], "--prompt-file", "/dev/zero"), "more than 16 MB")
+    one_line_error(cli("attn", gen_runs["tf"], "--prompt-file", "/dev/zero"), "more than 16 MB")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
     r = subprocess.run(
         f"yes | {shlex.quote(sys.executable)} -m charlm sample {shlex.quote(str(gen_runs['lstm']))}",
