@@ -147,7 +147,8 @@ def test_a_damaged_cache_entry_is_never_used_but_rebuilt(corpus, tmp_path, damag
         np.save(npy, np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     r = train_ok(corpus, tmp_path / "second")
     assert f"{len(want) - int(len(want) * 0.1):,} train" in r.output  # the whole corpus, not the damaged entry
-    assert np.array_equal(np.load(npy), want)  # rebuilt
+    rebuilt = np.load(npy)
+    assert rebuilt.dtype == want.dtype and np.array_equal(rebuilt, want)  # rebuilt
 
 
 def test_a_stale_or_damaged_tokenizer_cache_is_retrained(corpus, tmp_path):
