@@ -6,6 +6,15 @@ show a checkpoint (info, runs) and to checkpoint.load and charlm sample.
     python benchmarks/fuzz_checkpoint.py --seconds 1800   # what benchmarks/RESULTS.md records
     python benchmarks/fuzz_checkpoint.py --make-seeds     # write benchmarks/fuzz_seeds/ again
     python benchmarks/fuzz_checkpoint.py --replay FILE... # each file once, through the same checks
+    python benchmarks/fuzz_checkpoint.py --target resume  # last.pt's training state, through train --resume
+    python benchmarks/fuzz_checkpoint.py --target cache   # a token-cache entry, through data.prepare
+
+Three targets (--target): "checkpoint" (the default) as above; "resume": a mutated last.pt (mutations aimed
+at its optimizer and RNG state, four in five) beside the corpus it was trained on, through `charlm train
+--resume` for one more step: it must train (and leave checkpoints that read back) or refuse in one line;
+"cache": a mutated token-cache entry (.npy, and its .json record after a b"\0--\0" line) where data.prepare
+looks for the corpus's tokens: prepare must give exactly the corpus's tokens (the entry rebuilt if needed)
+or refuse in one line naming the cache.
 
 A finding is: any exception but CheckpointError; a CheckpointError of more than one line, or that does not
 name the file; a command that fails (non-zero exit, "please report it") on a file the reader accepted; a hang
@@ -45,6 +54,7 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+TARGET = "checkpoint"
 SEEDS = HERE / "fuzz_seeds"
 OUT = HERE / "fuzz_out"
 MAX_LEN = 1 << 18  # inputs up to 256 KB: the seeds are a few KB each
@@ -104,10 +114,11 @@ class Target:
                 f"refusal-{_shape(text)}", data, f"a CheckpointError that is not one line naming the file:\n{text}"
             )
 
-    def _command(self, args: list, data: bytes) -> None:
+    def _command(self, args: list, data: bytes, ok: tuple[int, ...] = (0,)):
         r = self.runner.invoke(self.main, [str(a) for a in args])
         err = r.stderr.strip()
-        if r.exit_code != 0 or "please report" in err or "Traceback" in r.output:
+        one_line = r.exit_code == 0 or (err.startswith("error: ") and "\n" not in err)
+        if r.exit_code not in ok or not one_line or "please report" in err or "Traceback" in r.output:
             tb = (
                 "".join(traceback.format_exception(r.exc_info[1]))
                 if r.exc_info and r.exc_info[0] is not SystemExit
@@ -118,6 +129,7 @@ class Target:
                 data,
                 f"charlm {' '.join(map(str, args))} -> exit {r.exit_code}\n{err}\n{tb}",
             )
+        return r
 
     def found(self, signature: str, data: bytes, details: str) -> None:
         signature = re.sub(r"[^\w.-]+", "-", signature)[:80].strip("-")
@@ -129,6 +141,83 @@ class Target:
         (self.findings / f"{key}.ckpt").write_bytes(data)
         (self.findings / f"{key}.txt").write_text(details, encoding="utf-8", errors="replace")
         print(f"\nFINDING {key}: {details.strip().splitlines()[-1][:200]}", file=sys.stderr, flush=True)
+
+
+CORPUS = "ab ba abba.\n" * 40  # the text the seeds were trained on (make_seeds)
+
+
+class ResumeTarget(Target):
+    """One input: a last.pt in a fresh run directory, resumed for one step by `charlm train --resume`."""
+
+    def __init__(self, findings: Path, scratch: Path):
+        super().__init__(findings, scratch)
+        self.corpus = scratch / "corpus.txt"
+        self.corpus.write_text(CORPUS, encoding="utf-8")
+
+    def __call__(self, data: bytes) -> None:
+        shutil.rmtree(self.run, ignore_errors=True)
+        self.run.mkdir(parents=True)
+        self.file.write_bytes(data)
+        try:
+            saved = self.checkpoint.read(self.file)
+        except self.checkpoint.CheckpointError as e:
+            self._check_refusal(e, data)
+            return
+        except Exception as e:  # noqa: BLE001
+            self.found(_exception_signature(e), data, traceback.format_exc())
+            return
+        if saved.optimizer is None or not isinstance(saved.step, int) or saved.step >= 10**6:
+            return  # nothing a resume would read past the one-line refusal checkpoint_read's target covers
+        args = ["train", self.corpus, "--out", self.run, "--resume", "--steps", saved.step + 1]
+        r = self._command([*args, "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu"], data, ok=(0, 1))
+        if r is not None and r.exit_code == 0:
+            for name in ("last.pt", "best.pt"):  # exit 0: what it wrote must read back
+                if (self.run / name).exists():
+                    try:
+                        self.checkpoint.read(self.run / name)
+                    except Exception as e:  # noqa: BLE001
+                        self.found(f"unreadable-{name}-{_shape(str(e))}", data, f"resumed, then: {e}")
+
+
+class CacheTarget:
+    """One input: a token-cache entry (and optionally its record) where data.prepare looks for the tokens of
+    a small corpus: prepare must return exactly that corpus's tokens, or refuse in one line naming the cache."""
+
+    def __init__(self, findings: Path, scratch: Path):
+        import numpy as np
+
+        from charlm import data
+
+        self.np, self.data, self.findings = np, data, findings
+        self.seen: collections.Counter = collections.Counter()
+        self.corpus = scratch / "cache-corpus.txt"
+        self.corpus.write_text(CORPUS + "and a bit more, ünïcode too.\n", encoding="utf-8")
+        tok, path, self.sha = data.prepare(self.corpus, "char", None)
+        self.want = np.array(data.load_tokens(path))
+        self.tokenizer, self.path = tok, path
+        self.record = path.with_suffix(".json").read_bytes()
+
+    found = Target.found
+
+    def __call__(self, blob: bytes) -> None:
+        npy, sep, record = blob.partition(SEP)
+        self.path.write_bytes(npy)
+        self.path.with_suffix(".json").write_bytes(record if sep else self.record)
+        try:
+            tok, path, _ = self.data.prepare(self.corpus, "char", None, sha256=self.sha)
+            got = self.np.array(self.data.load_tokens(path))
+        except (self.data.CorpusError, self.data.files.WriteError) as e:
+            if "\n" in str(e) or str(self.path.parent) not in str(e):
+                self.found(f"refusal-{_shape(str(e))}", blob, f"not one line naming the cache:\n{e}")
+            return
+        except Exception as e:  # noqa: BLE001
+            self.found(_exception_signature(e), blob, traceback.format_exc())
+            return
+        if tok.to_json() != self.tokenizer.to_json() or got.shape != self.want.shape or (got != self.want).any():
+            self.found("cache-lies", blob, f"prepare() gave {got.shape} tokens, not the corpus's {self.want.shape}")
+
+
+SEP = b"\0--\0"
 
 
 def _exception_signature(e: BaseException) -> str:
@@ -148,11 +237,16 @@ def _shape(text: str) -> str:
 # ---- the mutator ------------------------------------------------------------------------------------
 
 
+FOCUS: tuple[str, ...] = ()  # the payload's fields most mutations go to (--target resume: the training state)
+
+
 def mutate(data: bytes, max_size: int, seed: int) -> bytes:
     """Four in five: inside the archive (it stays a valid zip); else libFuzzer's byte mutations."""
     import atheris
 
     rng = random.Random(seed)
+    if TARGET == "cache":
+        return atheris.Mutate(data, max_size)
     if rng.random() < 0.8:
         try:
             out = _mutate_inside(data, rng)
@@ -300,7 +394,12 @@ def mutate_tree(tree, rng: random.Random):
                 walk(value, i, v, depth + 1)
 
     root = [tree]
-    walk(root, 0, tree, 0)
+    focus = [k for k in FOCUS if isinstance(tree, dict) and k in tree]
+    if focus and rng.random() < 0.8:  # inside one field: the optimizer's or the RNG's state
+        k = rng.choice(focus)
+        walk(tree, k, tree[k], 1)
+    else:
+        walk(root, 0, tree, 0)
     holder, key = rng.choice(slots)
     value = holder[key]
     op = rng.random()
@@ -407,13 +506,20 @@ def child(args) -> None:
     torch.set_num_threads(1)
     os.environ["CHARLM_CACHE"] = str(args.scratch / "cache")
     import charlm.cli  # noqa: F401 - everything a command imports, before instrumenting
+    import charlm.commands.train  # noqa: F401
     import charlm.generate  # noqa: F401
     import charlm.models.rnn  # noqa: F401
     import charlm.models.transformer  # noqa: F401
+    import charlm.train  # noqa: F401
     import charlm.views.runs  # noqa: F401
 
-    print(f"instrumented {instrument(('charlm', 'pickle', 'zipfile'))} functions", file=sys.stderr)
-    target = Target(args.findings, args.scratch)
+    global TARGET, FOCUS
+    TARGET, FOCUS = args.target, ("optimizer", "rng") if args.target == "resume" else ()
+    target = {"checkpoint": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target](
+        args.findings, args.scratch
+    )
+    prefixes = ("charlm", "numpy") if args.target == "cache" else ("charlm", "pickle", "zipfile")
+    print(f"instrumented {instrument(prefixes)} functions", file=sys.stderr)
     corpus = args.out / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
     args.findings.mkdir(parents=True, exist_ok=True)
@@ -426,7 +532,12 @@ def child(args) -> None:
         "-print_final_stats=1",
         *([f"-seed={args.seed}"] if args.seed is not None else []),
     ]
-    atheris.Setup([sys.argv[0], *flags, str(corpus), str(SEEDS)], target, custom_mutator=mutate)
+    seeds = args.out / "seeds" if args.target == "cache" else SEEDS
+    if args.target == "cache":  # the real entry, with and without its record
+        seeds.mkdir(parents=True, exist_ok=True)
+        (seeds / "entry.npy").write_bytes(target.path.read_bytes())
+        (seeds / "entry-and-record").write_bytes(target.path.read_bytes() + SEP + target.record)
+    atheris.Setup([sys.argv[0], *flags, str(corpus), str(seeds)], target, custom_mutator=mutate)
     atheris.Fuzz()
 
 
@@ -447,16 +558,16 @@ def supervise(args) -> int:
 
 
 def _supervise(args) -> int:
-    args.out.mkdir(exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "log.txt").open("a", encoding="utf-8")
     start, executions, runs, last, peak_rss, slowest = time.monotonic(), 0, 0, None, 0, 0
     load = os.getloadavg()[0]
-    print(f"fuzzing checkpoint loading for {args.seconds}s; the log: {log.name}", flush=True)
+    print(f"fuzzing {args.target} for {args.seconds}s; the log: {log.name}", flush=True)
     while (left := args.seconds - (time.monotonic() - start)) > 10:
         runs += 1
         cmd = [sys.executable, __file__, "--child", f"--seconds={int(left)}", f"--timeout={args.timeout}",
                f"--rss-mb={args.rss_mb}", f"--out={args.out}", f"--findings={args.findings}",
-               f"--scratch={args.scratch}"]  # fmt: skip
+               f"--scratch={args.scratch}", f"--target={args.target}"]  # fmt: skip
         if args.seed is not None:
             cmd.append(f"--seed={args.seed + runs}")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
@@ -507,7 +618,10 @@ def replay(args) -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="charlm-fuzz-") as tmp:
         os.environ["CHARLM_CACHE"] = str(Path(tmp) / "cache")
-        target = Target(Path(tmp) / "findings", Path(tmp))
+        global TARGET, FOCUS
+        TARGET = args.target
+        kind = {"checkpoint": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target]
+        target = kind(Path(tmp) / "findings", Path(tmp))
         for path in args.replay:
             target(path.read_bytes())
         failed = sorted(p.stem for p in target.findings.glob("*.txt")) if target.findings.exists() else []
@@ -525,6 +639,9 @@ def main() -> int:
     )
     p.add_argument("--rss-mb", type=int, default=2048, help="memory before it is a finding [default: 2048]")
     p.add_argument("--seed", type=int, help="libFuzzer's random seed [default: a new one each run]")
+    p.add_argument(
+        "--target", choices=("checkpoint", "resume", "cache"), default="checkpoint", help="what to fuzz (see above)"
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"corpus and log [default: {OUT.relative_to(HERE.parent)}]")
     p.add_argument("--findings", type=Path, help="[default: OUT/findings]")
     p.add_argument(
@@ -534,6 +651,8 @@ def main() -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.target != "checkpoint" and args.out == OUT:  # each target grows its own corpus
+        args.out = OUT / args.target
     args.findings = (args.findings or args.out / "findings").resolve()
     args.out = args.out.resolve()
     if args.make_seeds:

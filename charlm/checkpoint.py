@@ -16,6 +16,7 @@ import pickle
 import sys
 import warnings
 import zipfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -521,10 +522,26 @@ def _last_words(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
 
 
+@contextmanager
+def _hint_last(p: Path):
+    """A damaged best.pt beside a last.pt: say that last.pt is there (it is often intact), not only "train again"."""
+    try:
+        yield
+    except CheckpointError as e:
+        if p.name != "best.pt" or not (p.parent / "last.pt").is_file():
+            raise
+        raise CheckpointError(f"{e}; {p.parent / 'last.pt'} may be intact: use it, or move best.pt away") from None
+
+
 def read_header(path: str | Path) -> Saved:
     """What a checkpoint says of itself (configs, tokenizer, step, scores), with every check, without torch:
     the model, optimizer and rng hold TensorInfo, not tensors. For info and runs."""
     p = resolve(path)
+    with _hint_last(p):
+        return _read_header(p)
+
+
+def _read_header(p: Path) -> Saved:
     with _open_archive(p) as z:
         saved = _typed(p, _header(p, z))
         _check_weights(saved, p, z)
@@ -535,7 +552,9 @@ def read_header(path: str | Path) -> Saved:
 def read(path: str | Path, map_location="cpu") -> Saved:
     """The checkpoint's contents, typed and checked for consistency (config, weights and tokenizer agree),
     without building a model: what a resumed run continues from."""
-    return _checked(resolve(path), map_location)[0]
+    p = resolve(path)
+    with _hint_last(p):
+        return _checked(p, map_location)[0]
 
 
 def _checked(p: Path, map_location) -> tuple[Saved, object]:
@@ -668,12 +687,13 @@ class Checkpoint:
 
 def load(path: str | Path, device: str = "cpu") -> Checkpoint:
     p = resolve(path)
-    saved, tokenizer = _checked(p, map_location=device)
-    try:  # the shapes are known to fit: what is left to fail here is the file's fault too
-        model = build_model(saved.model_config)
-        model.load_state_dict(saved.model)
-    except Exception as e:
-        raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
+    with _hint_last(p):
+        saved, tokenizer = _checked(p, map_location=device)
+        try:  # the shapes are known to fit: what is left to fail here is the file's fault too
+            model = build_model(saved.model_config)
+            model.load_state_dict(saved.model)
+        except Exception as e:
+            raise CheckpointError(f"{p} is an incompatible charlm checkpoint ({_last_words(e)})") from None
     model.to(device).eval()
     return Checkpoint(p, model, tokenizer, saved)
 

@@ -45,7 +45,10 @@ class CharlmGroup(click.Group):
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+            if isinstance(e.__cause__, EOFError):  # Click reads any EOFError as Ctrl-D: this one is a failure
+                print_error(failure(e.__cause__))
+                sys.exit(1)
             if _AS_PROGRAM:  # the process is ending: a second Ctrl-C or a SIGTERM could only cut this line short
                 for s in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(s, signal.SIG_IGN)
@@ -203,7 +206,12 @@ def train(ctx, corpus, **flags):
         result = run(corpus, model_cfg, train_cfg, opts.out, resume=opts.resume, nproc=opts.nproc,
                      given=given, on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
-        view.interrupted(e.result, e.signum, resume_command(corpus, e.result.out_dir))
+        view.interrupted(e, resume_command(corpus, e.out_dir) if e.out_dir else None)
+        if _AS_PROGRAM:  # everything is on disk: end now, not after seconds of tearing torch down
+            from charlm.distributed import exit_process
+
+            view.close()
+            exit_process(128 + e.signum)
         sys.exit(128 + e.signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
     finally:
         view.close()

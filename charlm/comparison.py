@@ -46,6 +46,7 @@ class Contestant:
         default_factory=list, repr=False
     )  # (seconds, chars) per token after the first
     stream: Iterator[str] | None = field(default=None, repr=False)
+    label: str = ""  # its name in tables and titles: the run's, with the file where two share a run
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -73,6 +74,13 @@ class Comparison:
 
     def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig):
         self.players = [Contestant(c, Streamer(c.model, c.tokenizer)) for c in ckpts]
+        names = [p.ckpt.name for p in self.players]
+        for p in self.players:  # best.pt and last.pt of one run: "run (best.pt)", "run (last.pt)"
+            p.label = p.ckpt.name if names.count(p.ckpt.name) == 1 else f"{p.ckpt.name} ({p.ckpt.path.name})"
+        labels = [p.label for p in self.players]
+        for p in self.players:  # the same file twice, or two best.pt of runs of one name: the paths
+            if labels.count(p.label) > 1:
+                p.label = str(p.ckpt.path)
         self.settings = settings
         self.last_seed = settings.seed
         self.eval_path = None
@@ -84,7 +92,7 @@ class Comparison:
         self.eval_path = path
         for p in self.players:
             try:
-                with progress(p.ckpt.name) if progress else contextlib.nullcontext() as callback:
+                with progress(p.label) if progress else contextlib.nullcontext() as callback:
                     p.eval = evaluate_file(p.ckpt.model, p.ckpt.tokenizer, path, progress=callback)
             except UnknownCharactersInFile as e:  # this model's problem; a bad file stops everything
                 p.eval_note = str(e)

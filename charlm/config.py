@@ -44,6 +44,10 @@ UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char toke
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
+# the largest counts a run's flags take: far beyond any run, and numbers every checkpoint can hold (64 bits)
+MAX_STEPS = 10**12
+MAX_ITERS = 10**6  # --eval-iters and --sample-tokens: each is work done at every evaluation
+MAX_TIME = 10**9  # seconds (about 31 years)
 
 
 class ConfigError(UserError, ValueError):
@@ -275,7 +279,12 @@ class ModelConfig:
     def validate(self) -> ModelConfig:
         _check_types(self)
         _check(self.kind in MODEL_KINDS, f"unknown model {shown(self.kind)}: choose one of {', '.join(MODEL_KINDS)}")
-        _check(self.vocab_size >= 2, f"vocabulary size must be at least 2, got {self.vocab_size}")
+        _check(
+            2 <= self.vocab_size <= 10**7, f"vocabulary size must be between 2 and 10^7, got {shown(self.vocab_size)}"
+        )
+        # bounded for every kind, used or not: a checkpoint records them all (and holds numbers of 64 bits)
+        _check(1 <= self.n_heads <= 16384, f"--heads must be between 1 and 16384, got {shown(self.n_heads)}")
+        _check(1 <= self.mlp_ratio <= 16, f"mlp ratio must be between 1 and 16, got {shown(self.mlp_ratio)}")
         _check(1 <= self.n_layers <= 64, f"--layers must be between 1 and 64, got {self.n_layers}")
         _check(1 <= self.d_model <= 16384, f"--d-model must be between 1 and 16384, got {self.d_model}")
         _check(2 <= self.context <= 65536, f"--context must be between 2 and 65536, got {self.context}")
@@ -404,13 +413,17 @@ class TrainConfig:
         _check_types(self)
         _check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer {shown(self.tokenizer)}: choose char or bpe")
         _check(
-            self.tokenizer != "bpe" or 257 <= self.vocab_size <= 1_000_000,
+            (self.tokenizer != "bpe" or 257 <= self.vocab_size) and self.vocab_size <= 1_000_000,
             f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.vocab_size}",
         )
         _check(self.optimizer in OPTIMIZERS, f"unknown --optimizer {shown(self.optimizer)}: choose muon or adamw")
         _check(0 < self.muon_lr < 10, f"--muon-lr must be positive and below 10, got {self.muon_lr}")
-        _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
+        _check(1 <= self.steps <= MAX_STEPS, f"--steps must be between 1 and 10^12, got {shown(self.steps)}")
         _check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
+        _check(
+            self.max_time is None or self.max_time <= MAX_TIME,
+            f"--max-time must be at most {MAX_TIME:g}s (about 31 years), got {shown(self.max_time)}",
+        )
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(
             self.batch_size <= MAX_BATCH,
@@ -421,19 +434,25 @@ class TrainConfig:
         _check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
         _check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
         _check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _check(self.warmup >= 0, f"--warmup must be at least 0, got {self.warmup}")
+        _check(0 <= self.warmup <= MAX_STEPS, f"--warmup must be between 0 and 10^12, got {shown(self.warmup)}")
         _check(self.weight_decay >= 0, f"--weight-decay must be at least 0, got {self.weight_decay}")
         _check(math.isfinite(self.weight_decay), f"--weight-decay must be a finite number, got {self.weight_decay}")
         _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
         _check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
         _check(
-            self.eval_interval is None or self.eval_interval >= 1,
-            f"--eval-interval must be at least 1, got {self.eval_interval}",
+            self.eval_interval is None or 1 <= self.eval_interval <= MAX_STEPS,
+            f"--eval-interval must be between 1 and 10^12, got {shown(self.eval_interval)}",
         )
-        _check(self.eval_iters >= 1, f"--eval-iters must be at least 1, got {self.eval_iters}")
+        _check(
+            1 <= self.eval_iters <= MAX_ITERS,
+            f"--eval-iters must be between 1 and 1000000, got {shown(self.eval_iters)}",
+        )
         _check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
         _check(self.device in DEVICES, f"unknown --device {shown(self.device)}: choose auto, cpu or cuda")
-        _check(self.sample_tokens >= 0, "--sample-tokens must be at least 0")
+        _check(
+            0 <= self.sample_tokens <= MAX_ITERS,
+            f"--sample-tokens must be between 0 and 1000000, got {shown(self.sample_tokens)}",
+        )
         _check(
             0 < self.distill_temperature <= 100,
             f"--distill-temperature must be above 0 and at most 100, got {self.distill_temperature}",

@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -29,17 +30,81 @@ _TEMP = re.compile(rf"^\..+\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{8}}\.tmp$")
 class WriteError(UserError):
     """A file could not be written (a full disk, a quota, a read-only file system): one line saying where."""
 
-    def __init__(self, message: str, path: Path):
+    def __init__(self, message: str, path: Path, full: bool = False):
         super().__init__(message)
         self.path = path
+        self.full = full  # the disk or the quota is full: freeing space helps (nothing else does otherwise)
 
 
 def write_error(path: Path, e: OSError) -> WriteError:
     if e.errno == errno.ENOSPC:
-        return WriteError(f"no space left on device writing {path.parent}", path)
+        return WriteError(f"no space left on device writing {path.parent}", path, full=True)
     if e.errno == errno.EDQUOT:
-        return WriteError(f"disk quota exceeded writing {path.parent}", path)
+        return WriteError(f"disk quota exceeded writing {path.parent}", path, full=True)
+    if e.errno == errno.ELOOP:
+        return WriteError(f"cannot write {path}: a symbolic link (or a loop of them) is in the way", path)
     return WriteError(f"cannot write {path}: {e.strerror or e}", path)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def not_regular(path: Path) -> str | None:
+    """Why path (itself, not what a symbolic link points at) is no regular file charlm may replace or read
+    (a link, a FIFO, a device...); None for a regular file or nothing there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def check_regular(path: Path) -> None:
+    """WriteError unless path is a regular file or absent: charlm never writes through a symbolic link, and
+    never replaces a FIFO, a device or a directory with a file (as root, /dev/null itself)."""
+    if why := not_regular(path):
+        raise WriteError(f"cannot write {path}: it is {why}, not a regular file", path)
+
+
+def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open that never follows a symbolic link (O_NOFOLLOW) and accepts only a regular file: a FIFO would
+    block, a device would be written to. OSError (ELOOP for a link) otherwise."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), mode)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"it is {_kind(mode)}, not a regular file")
+    return fd
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; a ValueError that says what is wrong for a FIFO,
+    a device (/dev/zero never ends), a link to one, or a file too big to be what it claims."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise ValueError(f"{what} {path} is larger than {limit // (1 << 20)} MB: it cannot be what charlm wrote")
+    return data
 
 
 def temp_path(path: Path) -> Path:
@@ -71,6 +136,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], p
     path = Path(path)
     tmp = temp_path(path)
     try:
+        check_regular(path)
         if parents:
             path.parent.mkdir(parents=True, exist_ok=True)
         # "xb" rather than mkstemp: the file gets the usual umask permissions, not 0600
@@ -88,7 +154,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], p
     except OSError as e:
         raise write_error(path, e) from None
     finally:
-        tmp.unlink(missing_ok=True)  # gone already after the rename
+        try:
+            tmp.unlink(missing_ok=True)  # gone already after the rename
+        except OSError:  # no directory to hold it (a path under a file, a link loop): the real error is above
+            pass
 
 
 def append_line(path: Path, line: str) -> None:
@@ -96,7 +165,8 @@ def append_line(path: Path, line: str) -> None:
     half a line) and raise WriteError."""
     data = (line + "\n").encode("utf-8")
     try:
-        with open(path, "ab", buffering=0) as f:  # unbuffered: a failed write fails here, not at close
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link, never a FIFO
+        with open(fd, "ab", buffering=0) as f:  # unbuffered: a failed write fails here, not at close
             size = f.seek(0, os.SEEK_END)
             try:
                 if f.write(data) != len(data):  # a regular file takes less than all only when the disk is full

@@ -9,9 +9,11 @@ import fcntl
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from charlm import files
 from charlm.config import ConfigError, ModelConfig, TrainConfig, flag_name
 
 RUNS = Path("checkpoints")
@@ -38,24 +40,45 @@ def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
     return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
 
 
+def check_writable(out: Path) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot write to {out}: {probe} is a file, not a directory")
+    try:  # really try: os.access says yes to root, and knows nothing of read-only mounts or ACLs
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+        ) from None
+
+
 LOCK = ".lock"
 
 
-def _in_use(out: Path) -> str:
-    holder = (out / LOCK).read_text(encoding="utf-8", errors="replace").strip() if (out / LOCK).exists() else ""
-    by = f"another charlm train (pid {holder})" if holder.isdigit() else "another charlm train"
+def _in_use(out: Path, what: str = "charlm train") -> str:
+    try:
+        holder = files.read_bounded(out / LOCK, 64, "lock").decode("utf-8", errors="replace").strip()
+    except ValueError:
+        holder = ""
+    by = f"another {what} (pid {holder})" if holder.isdigit() else f"another {what}"
     return f"{out} is in use by {by}: wait for it to finish, or choose another --out"
 
 
 def check_free(out: Path) -> None:
     """Refuse a run directory that another process holds (see RunLock), without taking it."""
     try:
-        with open(out / LOCK, "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = files.open_regular(out / LOCK, os.O_RDONLY)
+    except OSError:  # no file (a holder keeps it until it lets go), no directory, or no lock of ours
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise ConfigError(_in_use(out)) from None
-    except OSError:  # no file (a holder keeps it until it lets go), or no directory: nobody holds it
-        return
+    finally:
+        os.close(fd)
 
 
 class RunLock:
@@ -64,21 +87,27 @@ class RunLock:
     never leaves a run locked. Directories it had to create are removed on release if nothing was written
     into them (a refused run leaves nothing behind)."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, what: str = "charlm train"):
         self.out, self.path = out, out / LOCK
         self.created = next(p for p in [out, *out.parents] if p.parent.exists()) if not out.exists() else None
         out.mkdir(parents=True, exist_ok=True)
         while True:
-            f = open(self.path, "a+b")
+            try:  # never through a link (one planted there would have us truncate its target), never a FIFO
+                f = open(files.open_regular(self.path, os.O_RDWR | os.O_CREAT), "r+b")
+            except OSError as e:
+                self._remove_created()
+                raise ConfigError(
+                    f"{self.path} is not a lock file charlm can use ({e.strerror}): remove it, or choose another --out"
+                ) from None
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.close()
                 self._remove_created()
-                raise ConfigError(_in_use(out)) from None
+                raise ConfigError(_in_use(out, what)) from None
             # the holder before us may have removed the file between our open and our flock: then we hold
             # the lock of a file nobody else opens, and must lock the new one
-            if self.path.exists() and os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+            if self.path.exists() and os.lstat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
                 break
             f.close()
         self.file = f
@@ -92,7 +121,10 @@ class RunLock:
     def release(self) -> None:
         if self.file.closed:
             return
-        self.path.unlink(missing_ok=True)  # before letting go, so that the next holder's file is its own
+        try:
+            self.path.unlink(missing_ok=True)  # before letting go, so that the next holder's file is its own
+        except OSError:  # a directory made read-only meanwhile: the error that matters is the run's, not this
+            pass
         self.file.close()
         self._remove_created()
 
@@ -219,14 +251,22 @@ class Metrics:
     path: Path
     rows: list[dict]  # in order (a resumed run continues the file)
     skipped: int = 0  # lines cut short by a crash, damaged on disk or edited by hand
+    left_out: int = 0  # bytes at the start of a file larger than METRICS_READ, not read
 
     @property
     def note(self) -> str | None:
-        """The line to show when some lines were skipped."""
-        if not self.skipped:
-            return None
-        return f"skipped {self.skipped} unreadable line{'s' * (self.skipped > 1)} of {self.path}"
+        """The line to show when some lines were skipped, or the start of a huge file left out."""
+        notes = []
+        if self.left_out:
+            notes.append(
+                f"read only the last {METRICS_READ >> 20} MB of {self.path} ({self.left_out >> 20} MB left out)"
+            )
+        if self.skipped:
+            notes.append(f"skipped {self.skipped} unreadable line{'s' * (self.skipped > 1)} of {self.path}")
+        return "; ".join(notes) or None
 
+
+METRICS_READ = 16 << 20  # bytes of metrics.jsonl read at most: ~120,000 evaluations (a run makes ~20)
 
 # what the trainer writes on each line: a step, and the numbers plot and info draw
 METRICS = ("step", "train_loss", "val_loss", "val_bpc", "elapsed")
@@ -239,10 +279,15 @@ def read_metrics(run: Path) -> Metrics:
     if not path.is_file():
         raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
     try:
-        lines = path.read_bytes().splitlines()
+        with open(path, "rb") as f:  # (is_file: a regular file, or a link to one; never /dev/zero)
+            size = os.fstat(f.fileno()).st_size
+            if size > METRICS_READ:  # the latest evaluations only: a file this large is no run's own
+                f.seek(size - METRICS_READ)
+                f.readline()  # the rest of a line cut by the seek
+            lines = f.read(METRICS_READ).splitlines()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    metrics = Metrics(path, [])
+    metrics = Metrics(path, [], left_out=max(0, size - METRICS_READ))
     for line in lines:
         if not line.strip():
             continue
@@ -274,19 +319,16 @@ def usual_speed(key: str, tokens_per_s: float | None, path: Path) -> float | Non
     (JSON: key -> tokens/s), which then records this run's speed. None the first time. A damaged or
     unwritable file starts afresh: a speed record is never worth an error."""
     try:
-        best = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        best = json.loads(files.read_bounded(path, 16 << 20, "speed record"))
+    except (ValueError, RecursionError):  # (read_bounded's errors are ValueErrors)
         best = {}
     best = best if isinstance(best, dict) else {}
     before = best.get(key)
     before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else None
     if tokens_per_s is not None and math.isfinite(tokens_per_s) and tokens_per_s > 0:
         best[key] = max(tokens_per_s, before or 0.0)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(best), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
+        try:  # (atomic_write: never through a link planted at a guessable temp name)
+            files.atomic_write(path, lambda f: f.write(json.dumps(best).encode("utf-8")), parents=True)
+        except files.WriteError:
+            pass
     return before

@@ -23,6 +23,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import NoReturn
 
@@ -31,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from charlm import checkpoint, distributed, files, runs
 from charlm.checkpoint import Corpus, Saved
-from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
+from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig, shown
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
 from charlm.errors import UserError
 from charlm.generate import Streamer
@@ -70,6 +71,14 @@ class Phase:
 
 
 @dataclass(kw_only=True)
+class Stopping:
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) asked the run to stop: sent at once, from the signal handler."""
+
+    signum: int
+    saving: bool  # the run saves before it stops (False: in set-up, there is nothing to save yet)
+
+
+@dataclass(kw_only=True)
 class Stepped:
     step: int
     loss: float
@@ -105,11 +114,40 @@ class Result:
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C or SIGTERM: the run was saved and can be resumed. signum: the signal that stopped it."""
+    """Ctrl-C, SIGTERM or SIGHUP stopped the run. signum: the signal that stopped it; result: where training
+    got to (None: stopped in set-up); saved_step: the step out_dir/last.pt holds (None: there is none), which
+    is result.step unless a second signal quit without saving."""
 
-    def __init__(self, result: Result, signum: int = signal.SIGINT):
+    def __init__(
+        self,
+        result: Result | None,
+        signum: int = signal.SIGINT,
+        *,
+        out_dir: Path | None = None,
+        saved_step: int | None = -1,
+    ):
         super().__init__("interrupted")
         self.result, self.signum = result, signum
+        self.out_dir = out_dir if out_dir is not None else result.out_dir if result else None
+        self.saved_step = result.step if saved_step == -1 and result else None if saved_step == -1 else saved_step
+
+
+class _Abandon(Exception):
+    """A stop was asked for: the evaluation or sample under way is given up (the run saves and stops)."""
+
+
+class _Quit(Exception):
+    """A second signal: stop now, without saving."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+class SetupInterrupted(Exception):
+    """A signal before training started (nothing of this session to save)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
 
 
 class TrainingDiverged(UserError):
@@ -141,27 +179,39 @@ def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
 
 @torch.no_grad()
 def evaluate(
-    model, batches: Batches, cfg: TrainConfig, device: str, autocast, rank: int = 0, world_size: int = 1
+    model,
+    batches: Batches,
+    cfg: TrainConfig,
+    device: str,
+    autocast,
+    rank: int = 0,
+    world_size: int = 1,
+    abandon=lambda: False,
 ) -> dict[str, float]:
     """Mean loss over the same eval_iters windows of each split every time (a fixed generator), so
     evaluations are comparable and never disturb the training RNG. With several processes, each
-    computes every world_size-th window and the sums are added up: the same numbers on every rank."""
+    computes every world_size-th window and the sums are added up: the same numbers on every rank.
+    abandon() is asked before each batch: True gives the evaluation up (_Abandon)."""
     model.eval()
     sums = []
-    for split in ("train", "val"):
-        gen = torch.Generator().manual_seed(cfg.seed + 1)
-        total = 0.0
-        for i in range(cfg.eval_iters):
-            x, y = batches.get_batch(
-                split, cfg.batch_size, gen, device
-            )  # every rank draws every window: gens stay in step
-            if i % world_size == rank:
-                with autocast:
-                    _, loss = model(x, y)
-                total += loss.item()
-        sums.append(total)
-    train, val = distributed.all_sum(sums)
-    model.train()
+    try:
+        for split in ("train", "val"):
+            gen = torch.Generator().manual_seed(cfg.seed + 1)
+            total = 0.0
+            for i in range(cfg.eval_iters):
+                if abandon():
+                    raise _Abandon
+                x, y = batches.get_batch(
+                    split, cfg.batch_size, gen, device
+                )  # every rank draws every window: gens stay in step
+                if i % world_size == rank:
+                    with autocast:
+                        _, loss = model(x, y)
+                    total += loss.item()
+            sums.append(total)
+        train, val = distributed.all_sum(sums)
+    finally:
+        model.train()
     return {"train": train / cfg.eval_iters, "val": val / cfg.eval_iters}
 
 
@@ -184,6 +234,7 @@ class Trainer:
         on_event=None,
         starts=None,
         mask=None,
+        signals: RunSignals | None = None,
     ):
         self.out_dir, self.cfg = Path(out_dir), cfg
         self.starts, self.mask = starts, mask  # a task posed example by example: see data.Batches
@@ -195,9 +246,12 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)
         if self.dist.is_main:
             files.remove_dead_temps(self.out_dir)  # checkpoints that a killed process was writing
-        # entered by fit(); outside it, holding() changes nothing. Under torchrun SIGTERM stays the launcher's
-        # way to stop a rank: one blocked in a collective whose peer died cannot run a Python handler
-        self.signals = _DeferredInterrupt(signal.SIGINT, *([] if self.dist.enabled else [signal.SIGTERM]))
+        # entered by fit() (and by commands.train, which passes its own, for the whole command); outside it,
+        # holding() changes nothing
+        self.signals = signals or RunSignals(
+            *stop_signals(self.dist.enabled),
+            notify=lambda signum, saving: self.on_event(Stopping(signum=signum, saving=saving)),
+        )
         saved = self._saved_run(corpus, model_cfg) if resume else None
         self._prepare_data(corpus, model_cfg, saved)
         self._build()
@@ -279,39 +333,78 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
     def _restore(self, saved: Saved) -> None:
-        """Weights, optimizer, RNGs and counters of the saved run: it continues exactly."""
+        """Weights, optimizer, RNGs and counters of the saved run: it continues exactly. A state that does not
+        fit this model and machine (a crafted or damaged last.pt) is a CheckpointError that names the file."""
+        path = self.out_dir / "last.pt"
         self.model.load_state_dict(saved.model)
-        self.optimizer.load_state_dict(saved.optimizer)
-        rng = saved.rng["ranks"][self.dist.rank] if self.dist.enabled else saved.rng
-        self.data_gen.set_state(rng["data"])
-        torch.set_rng_state(rng["torch"])
-        if self.device == "cuda" and "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        _load_optimizer(self.optimizer, saved.optimizer, path)
+        ranks = saved.rng.get("ranks") if isinstance(saved.rng, dict) else None
+        if self.dist.enabled and not (isinstance(ranks, list) and len(ranks) == self.dist.world_size):
+            raise _unusable(path, "no random state for each process")
+        rng = ranks[self.dist.rank] if self.dist.enabled else saved.rng
+        _set_rng(self.data_gen, rng, self.device, path)
         if self.scaler and saved.scaler:
-            self.scaler.load_state_dict(saved.scaler)
+            try:
+                self.scaler.load_state_dict(saved.scaler)
+            except (ValueError, KeyError, TypeError, RuntimeError, AttributeError):
+                raise _unusable(path, "a damaged gradient scaler state") from None
         self.step, self.train_seconds = saved.step, saved.train_seconds
+        self.saved_step = saved.step  # what last.pt holds: a second Ctrl-C reports it
         self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
         self.next_eval = self.spent() + self.EVAL_GAP  # a resumed run too shows a validation loss early
+        best = self.out_dir / "best.pt"
+        if not best.exists():
+            return
+        try:
+            other = checkpoint.read_header(best)
+        except checkpoint.CheckpointError as e:  # (its message says last.pt is there: move best.pt away)
+            raise checkpoint.CheckpointError(f"{e}, then resume (the next evaluation writes a new best.pt)") from None
+        if (other.model_config, other.tokenizer, other.corpus and other.corpus.sha256) != (
+            saved.model_config,
+            saved.tokenizer,
+            saved.corpus.sha256,
+        ):  # it would be kept as the run's best, and `charlm sample` of the run would use it
+            raise checkpoint.CheckpointError(
+                f"{best} is not this run's: it holds a {other.model_config.describe()} with another tokenizer or "
+                f"corpus than {path}; move it away, then resume"
+            )
         # a best.pt written after last.pt (a kill fell between the two: see the module's docstring) holds
         # the run's best so far
-        best = self.out_dir / "best.pt"
-        if best.exists() and best.stat().st_mtime_ns > (self.out_dir / "last.pt").stat().st_mtime_ns:
-            newer = checkpoint.read(best)
-            if newer.best_val_loss is not None and (
-                self.best_val_loss is None or newer.best_val_loss < self.best_val_loss
+        if best.stat().st_mtime_ns > path.stat().st_mtime_ns:
+            if other.best_val_loss is not None and (
+                self.best_val_loss is None or other.best_val_loss < self.best_val_loss
             ):
-                self.best_val_loss, self.best_val_bpc = newer.best_val_loss, newer.best_val_bpc
+                self.best_val_loss, self.best_val_bpc = other.best_val_loss, other.best_val_bpc
 
     def _drop_metrics_beyond(self, step: int) -> None:
         """metrics.jsonl as last.pt, the commit record, knows it: the lines of later steps, which a process
-        killed before it wrote last.pt left, go (the run writes them again)."""
+        killed before it wrote last.pt left, go (the run writes them again); every other line stays as it is
+        (plot skips what is not an evaluation). Read a line at a time: the file may be large."""
         log = self.out_dir / "metrics.jsonl"
-        if not self.dist.is_main or not log.exists():
+        if not self.dist.is_main or not os.path.lexists(log):
             return
-        lines = log.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if (at := _step_of(line)) is not None and at <= step]
-        if kept != lines:
-            files.atomic_write(log, lambda f: f.write("".join(line + "\n" for line in kept).encode("utf-8")))
+        if why := files.not_regular(log):
+            raise ConfigError(f"{log} is {why}, not a regular file: remove it, or choose another --out")
+
+        def kept(f):
+            for line in _lines(f):
+                at = _step_of(line)
+                if at is not None and at > step:
+                    continue
+                if not line.endswith(b"\n"):  # the last line, cut short by a kill: nothing can be appended to it
+                    if at is None:
+                        continue
+                    line += b"\n"
+                yield line
+
+        try:
+            with open(log, "rb") as f, open(log, "rb") as g:
+                changed = any(a != b for a, b in zip_longest(_lines(f), kept(g)))
+            if changed:
+                with open(log, "rb") as f:
+                    files.atomic_write(log, lambda out: out.writelines(kept(f)))
+        except OSError as e:
+            raise ConfigError(f"cannot read {log}: {e.strerror}") from None
 
     def _wrap(self) -> None:
         # DDP averages gradients across ranks during backward. self.model stays the plain module and is
@@ -331,7 +424,7 @@ class Trainer:
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         self.speeds = []
         model.train()
-        with self.signals as signals:
+        with self.signals, self.signals.deferring() as signals:
             self.on_event(
                 Started(
                     out_dir=self.out_dir,
@@ -347,54 +440,69 @@ class Trainer:
                     start_seconds=self.train_seconds,
                 )
             )
-            while self.step < cfg.steps:
-                # every rank must leave the loop at the same step: they agree on Ctrl-C and on the clock
-                # (the max over ranks), which also gives them the same learning rate under --max-time
-                stop, self.train_seconds = distributed.all_max([float(signals.requested), self.train_seconds])
-                if stop:  # between steps, so the saved state is exactly this step's
-                    signals.stopping = True
-                    if self.saved_step != self.step:  # (an evaluation may just have saved it)
-                        with signals.holding():
-                            self.save("last.pt")
-                    raise TrainingInterrupted(self.result("interrupted", last_val), signals.signum or signal.SIGINT)
-                if until is not None and self.step >= until:
-                    stopped = "until"
-                    break
-                if cfg.max_time and self.train_seconds >= cfg.max_time:
-                    stopped = "time"
-                    break
-                t0 = time.perf_counter()
-                lr = lr_at(cfg, self.step, self.train_seconds)
-                self.optimizer.set_lr(lr)
-                loss_value, norm_value = self.forward_backward()
-                # checked before the optimizer step, so the weights (and any checkpoint saved later) stay good;
-                # an infinite gradient norm would make clipping zero the gradients and stall the run silently.
-                # Both values are the same on every rank, so all ranks stop together.
-                if not math.isfinite(loss_value):
-                    self.diverged(f"the loss became {loss_value}", self.step + 1)
-                if not math.isfinite(norm_value) and self.scaler is None:  # fp16: the scaler skips such steps
-                    self.diverged(f"the gradient norm became {norm_value} (loss {loss_value:.3g})", self.step + 1)
-                self.optimizer.step(self.scaler)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                self.train_seconds = seconds_before + time.perf_counter() - session_start
-                elapsed = time.perf_counter() - t0
-                self.speeds.append(tokens_per_step / max(elapsed, 1e-9))
-                self.on_event(
-                    Stepped(
-                        step=self.step,
-                        loss=loss_value,
-                        lr=lr,
-                        tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
-                        elapsed=self.train_seconds,
-                        load=_load(),
+            try:
+                while self.step < cfg.steps:
+                    # every rank must leave the loop at the same step: they agree on Ctrl-C and on the clock
+                    # (the max over ranks), which also gives them the same learning rate under --max-time
+                    stop, self.train_seconds = distributed.all_max([float(signals.requested), self.train_seconds])
+                    if stop:  # between steps, so the saved state is exactly this step's
+                        self.stop(last_val)
+                    if until is not None and self.step >= until:
+                        stopped = "until"
+                        break
+                    if cfg.max_time and self.train_seconds >= cfg.max_time:
+                        stopped = "time"
+                        break
+                    t0 = time.perf_counter()
+                    lr = lr_at(cfg, self.step, self.train_seconds)
+                    self.optimizer.set_lr(lr)
+                    loss_value, norm_value = self.forward_backward()
+                    # checked before the optimizer step, so the weights (and any checkpoint saved later) stay
+                    # good; an infinite gradient norm would make clipping zero the gradients and stall the run
+                    # silently. Both values are the same on every rank, so all ranks stop together.
+                    if not math.isfinite(loss_value):
+                        self.diverged(f"the loss became {loss_value}", self.step + 1)
+                    if not math.isfinite(norm_value) and self.scaler is None:  # fp16: the scaler skips such steps
+                        self.diverged(f"the gradient norm became {norm_value} (loss {loss_value:.3g})", self.step + 1)
+                    self.optimizer.step(self.scaler)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.step += 1
+                    self.train_seconds = seconds_before + time.perf_counter() - session_start
+                    elapsed = time.perf_counter() - t0
+                    self.speeds.append(tokens_per_step / max(elapsed, 1e-9))
+                    self.on_event(
+                        Stepped(
+                            step=self.step,
+                            loss=loss_value,
+                            lr=lr,
+                            tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
+                            elapsed=self.train_seconds,
+                            load=_load(),
+                        )
                     )
-                )
-                if self.eval_due():
-                    last_val, last_eval_step = self.scheduled_eval(), self.step
-            if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
-                last_val = self.evaluate_and_save()
-        return self.result(stopped, last_val)
+                    if self.eval_due():
+                        last_val, last_eval_step = self.scheduled_eval(), self.step
+                if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
+                    last_val = self.evaluate_and_save()
+                result = self.result(stopped, last_val)  # the final sample: a signal cuts it short
+                if signals.requested:
+                    self.stop(last_val)
+                return result
+            except _Abandon:  # an evaluation or sample given up for a stop: save at this step
+                self.stop(last_val)
+            except _Quit as e:  # a second signal: no save
+                raise TrainingInterrupted(
+                    self.result("interrupted", last_val), e.signum, saved_step=self.saved_step
+                ) from None
+
+    def stop(self, last_val: float | None) -> NoReturn:
+        """A signal asked the run to stop: save last.pt at this step (unless an evaluation just did), then
+        raise TrainingInterrupted. Further signals are ignored from here on."""
+        self.signals.stopping = True
+        if self.saved_step != self.step:
+            with self.signals.holding():
+                self.save("last.pt")
+        raise TrainingInterrupted(self.result("interrupted", last_val), self.signals.signum or signal.SIGINT)
 
     # Without --eval-interval: the first evaluation after 5% of the budget (a short run shows a validation
     # loss early, not only at its end), then at least 5% of the budget apart, and far enough apart that
@@ -476,25 +584,43 @@ class Trainer:
             tokens_per_s=statistics.median(self.speeds) if self.speeds else None,
         )
 
+    def abandoning(self) -> bool:
+        """Give up the evaluation or sample under way: a stop was asked for. (Not with several processes: they
+        must all take part in every evaluation; they agree on the stop at the next step.)"""
+        return self.signals.requested and not self.dist.enabled
+
     def sample_text(self, n_tokens: int, seed: int) -> str | None:
-        """A short sample from the model on rank 0 (its own RNG: the training RNG is never touched)."""
-        if not n_tokens or not self.dist.is_main:
+        """A short sample from the model on rank 0 (its own RNG: the training RNG is never touched); None when
+        a stop is asked for meanwhile."""
+        if not n_tokens or not self.dist.is_main or self.signals.requested:
             return None
         self.on_event(Phase(name="sampling"))
         self.model.eval()
+        pieces = []
         try:
-            return Streamer(self.model, self.tokenizer).complete(
+            for piece in Streamer(self.model, self.tokenizer).stream(
                 [], SampleConfig(temperature=0.8, max_tokens=n_tokens, seed=seed)
-            )
+            ):
+                if self.signals.requested:
+                    return None
+                pieces.append(piece)
         finally:
             self.model.train()
+        return "".join(pieces)
 
     def evaluate_and_save(self) -> float:
         """Evaluate; write best.pt when val loss improved, then the metrics line, then last.pt (the commit
         record: see the module's docstring), with signals held off until all three are written. Returns val loss."""
         self.on_event(Phase(name="evaluating"))
         losses = evaluate(
-            self.model, self.batches, self.cfg, self.device, self.autocast, self.dist.rank, self.dist.world_size
+            self.model,
+            self.batches,
+            self.cfg,
+            self.device,
+            self.autocast,
+            self.dist.rank,
+            self.dist.world_size,
+            abandon=self.abandoning,
         )
         if not all(map(math.isfinite, losses.values())):  # never overwrite a good checkpoint with this
             self.diverged(f"the evaluation loss became {losses['val']}", self.step)
@@ -516,7 +642,7 @@ class Trainer:
             if self.dist.is_main:
                 files.append_line(self.out_dir / "metrics.jsonl", json.dumps(metrics))
             self.save("last.pt", metrics)
-        sample = None if self.signals.requested else self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)
+        sample = self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)
         self.on_event(
             Evaluated(
                 step=self.step,
@@ -577,6 +703,60 @@ class Trainer:
         return rng
 
 
+def _unusable(path: Path, what: str) -> checkpoint.CheckpointError:
+    return checkpoint.CheckpointError(
+        f"{path} cannot be resumed: it holds {what}; sample from it, or train a new run with another --out"
+    )
+
+
+def _load_optimizer(optimizer, state, path: Path) -> None:
+    """optimizer.load_state_dict(state), with every tensor of the state checked against its parameter: torch
+    takes a state of the wrong shape and fails (or trains on garbage) only at the next step. The settings of
+    each group (betas, weight decay...) stay the ones this run's config gives."""
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, ConfigError) as e:
+        raise _unusable(path, f"an optimizer state that does not fit this model ({type(e).__name__})") from None
+    for group, kept in zip(optimizer.param_groups, settings):
+        group.update(kept)
+    for o in optimizer.optimizers:
+        params = {p for g in o.param_groups for p in g["params"]}
+        for key in [k for k in o.state if k not in params]:  # state of no parameter of this model
+            del o.state[key]
+        for p, entry in o.state.items():
+            if not isinstance(entry, dict):
+                raise _unusable(path, "a damaged optimizer state")
+            for name, value in entry.items():
+                ok = isinstance(value, torch.Tensor) and value.is_floating_point()
+                ok = ok and (value.numel() == 1 if name == "step" else value.shape == p.shape)
+                if not ok or not bool(torch.isfinite(value).all()) or name == "step" and value.item() < 0:
+                    raise _unusable(path, f"an optimizer state that does not fit this model ({shown(name)})")
+
+
+def _set_rng(data_gen: torch.Generator, rng, device: str, path: Path) -> None:
+    """The random states of a run (its batches', torch's for dropout, CUDA's), each checked before use."""
+    if not isinstance(rng, dict):
+        raise _unusable(path, "a damaged random state")
+    for name, generator in (("data", data_gen), ("torch", None)):
+        state = rng.get(name)
+        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.shape == (_RNG_BYTES,)):
+            raise _unusable(path, f"a damaged random state ({name})")
+        try:
+            (generator or torch.Generator()).set_state(state)
+        except (RuntimeError, TypeError, ValueError):
+            raise _unusable(path, f"a damaged random state ({name})") from None
+    torch.set_rng_state(rng["torch"])
+    if device == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
+        try:
+            torch.cuda.set_rng_state(rng["cuda"])
+        except (RuntimeError, TypeError, ValueError):
+            raise _unusable(path, "a damaged random state (cuda)") from None
+
+
+_RNG_BYTES = torch.Generator().get_state().numel()  # a CPU generator's state: 5056 bytes
+
+
 def _load() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -584,36 +764,72 @@ def _load() -> float | None:
         return None
 
 
-def _step_of(line: str) -> int | None:
-    """The step of a metrics.jsonl line; None for a line that is not one (cut short by a kill)."""
+def _lines(f, longest: int = 1 << 20):
+    """The lines of a binary file, none longer than `longest` bytes (a longer one comes in pieces)."""
+    return iter(lambda: f.readline(longest), b"")
+
+
+def _step_of(line: bytes | str) -> int | None:
+    """The step of a metrics.jsonl line; None for a line that is not one (cut short by a kill, not UTF-8...)."""
     try:
         step = json.loads(line).get("step")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
-    return step if isinstance(step, int) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-class _DeferredInterrupt:
-    """While active, a first Ctrl-C or SIGTERM only sets `requested` (the loop stops cleanly at the next
-    step); a second one raises KeyboardInterrupt at once, except inside holding(): a checkpoint being
-    written is finished first (a KeyboardInterrupt inside torch.save would lose it), and the run stops
-    right after, saved, ignoring any further signal (`stopping`, also set once the loop stops). Only the
-    main thread can handle signals, so elsewhere it does nothing."""
+def stop_signals(distributed_run: bool = False) -> tuple[int, ...]:
+    """The signals that stop a run, saved: Ctrl-C, SIGTERM (kill, timeout, a scheduler) and SIGHUP (the terminal
+    closed). Under torchrun only Ctrl-C: SIGTERM and SIGHUP stay the launcher's way to stop a rank (one blocked
+    in a collective whose peer died cannot run a Python handler)."""
+    extra = () if distributed_run else (signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+    return (signal.SIGINT, *extra)
 
-    def __init__(self, *signums: int):
-        self.signums = signums
+
+class RunSignals:
+    """What the stop signals do to a run, from its set-up to its exit.
+
+    Entered (`with signals:`), it installs its handler. In set-up a first signal raises SetupInterrupted at
+    once. Inside deferring() (fit: training, evaluations, samples, saves) a first signal only sets `requested`
+    and tells notify() at once; the run gives up an evaluation or sample under way, saves at the step it is
+    at and stops. A second signal quits without saving (_Quit), except inside holding(): a checkpoint being
+    written is finished first (a signal inside torch.save would lose it), and the run stops right after,
+    saved. Once a stop is under way (`stopping`) or training is over, further signals are ignored. With
+    settle=True they stay ignored once the block ends (a process that only has to print and exit); else the
+    handlers before are back. Only the main thread can handle signals, so elsewhere it does nothing."""
+
+    def __init__(self, *signums: int, notify=None, settle: bool = False):
+        self.signums, self.settle = signums, settle
+        self.notify = notify or (lambda signum, saving: None)
         self.requested = False
         self.signum: int | None = None  # the first signal
-        self.held = self.stopping = False
+        self.held = self.stopping = self.deferred = self.over = False
+        self.depth = 0
         self.previous: dict[int, object] = {}
 
     def _handle(self, signum, frame):
+        if self.stopping or self.over:
+            return
         if not self.requested:
             self.requested, self.signum = True, signum
+            if not self.deferred:
+                self.stopping = True
+                self._tell(signum, saving=False)
+                raise SetupInterrupted(signum)
+            self._tell(signum, saving=True)
         elif self.held:
             self.stopping = True
-        elif not self.stopping:
-            raise KeyboardInterrupt
+        else:
+            self.stopping = True
+            raise _Quit(signum)
+
+    def _tell(self, signum: int, saving: bool) -> None:
+        try:  # a terminal that closed (SIGHUP) cannot be written to: the save matters, the words do not
+            self.notify(signum, saving)
+        except (_Quit, SetupInterrupted):  # a second signal while the first was being told
+            raise
+        except Exception:
+            pass
 
     @contextmanager
     def holding(self):
@@ -624,13 +840,27 @@ class _DeferredInterrupt:
         finally:
             self.held = held
 
-    def __enter__(self) -> _DeferredInterrupt:
-        self.requested, self.signum, self.stopping = False, None, False
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
+    @contextmanager
+    def deferring(self):
+        """Training: a first signal asks for a stop, saved; see the class."""
+        self.requested, self.signum, self.stopping, self.over, self.deferred = False, None, False, False, True
+        try:
+            yield self
+        finally:
+            self.deferred, self.over = False, True
+
+    def __enter__(self) -> RunSignals:
+        self.depth += 1
+        if self.depth == 1:
+            self.requested, self.signum, self.stopping, self.over = False, None, False, False
+            if threading.current_thread() is threading.main_thread():
+                self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
         return self
 
     def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth:
+            return
         for s, previous in self.previous.items():  # None: set outside Python; fall back to the default
-            signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(s, signal.SIG_IGN if self.settle else previous if previous is not None else signal.SIG_DFL)
         self.previous = {}

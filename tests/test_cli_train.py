@@ -230,7 +230,7 @@ BAD_INPUT = {
     "utf-16": (_utf16, "is UTF-16 text, not UTF-8"),
     "heads do not divide": (plain("--d-model", 100, "--heads", 3), "--d-model 100 is not divisible by --heads 3"),
     "odd head size": (plain("--d-model", 6, "--heads", 2), "rope needs an even head size"),
-    "zero steps": (plain("--steps", 0), "--steps must be at least 1, got 0"),
+    "zero steps": (plain("--steps", 0), "--steps must be between 1 and 10^12, got 0"),
     "negative lr": (plain("--lr", -1), "--lr must be a positive learning rate below 10, got -1"),
     "zero lr": (plain("--lr", 0), "--lr must be a positive learning rate below 10, got 0"),
     "zero batch": (plain("--batch-size", 0), "--batch-size must be at least 1, got 0"),
@@ -342,7 +342,7 @@ RESUME_ERRORS = {  # the arguments after CORPUS, and what the error says
     ),
     "already finished": (lambda run, tmp: ["--resume", "--out", run], "is already at step 10; give a larger --steps"),
     "steps not beyond": (lambda run, tmp: ["--resume", "--out", run, "--steps", 10], "is already at step 10"),
-    "bad steps": (lambda run, tmp: ["--resume", "--out", run, "--steps", 0], "--steps must be at least 1"),
+    "bad steps": (lambda run, tmp: ["--resume", "--out", run, "--steps", 0], "--steps must be between 1 and 10^12"),
     "a used dir without --resume": (lambda run, tmp: ["--out", run], "already holds a run: add --resume"),
 }
 

@@ -189,7 +189,7 @@ def test_chunked_cache_equals_one_shot_encode(tmp_path, monkeypatch, chunk_chars
     raw = ("Ünïcode 中文 and 😀👍🏽\r\nplain ascii line\r\n\r\n" * 60).encode()
     p = write(tmp_path, "t.txt", raw)
     text = raw.decode().replace("\r\n", "\n")
-    monkeypatch.setattr(data, "iter_corpus", lambda path: iter_corpus(path, chunk_chars=chunk_chars))
+    monkeypatch.setattr(data, "iter_corpus", lambda path, **kw: iter_corpus(path, chunk_chars=chunk_chars, **kw))
     char = CharTokenizer.train([text])
     tokens = load_tokens(encode_corpus(p, char))
     assert tokens.dtype == np.uint16 and tokens.tolist() == char.encode(text)

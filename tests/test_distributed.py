@@ -182,7 +182,7 @@ def test_one_failing_rank_stops_the_whole_run(tmp_path):
     launched = proc.stderr.split("launching: ")[1].splitlines()[0]  # the command --nproc re-executed
     assert " -m torch.distributed.run --standalone --nproc-per-node=2 -m charlm train " in launched
     assert " --nproc " not in launched and launched.endswith(f"--out {tmp_path / 'run'}")
-    assert "error: rank 0: cannot write" in proc.stderr and "best.pt: Is a directory" in proc.stderr
+    assert "error: rank 0: cannot write" in proc.stderr and "best.pt: it is a directory" in proc.stderr
     assert "please report it" not in proc.stderr  # rank 1 only lost its peer: not a bug to report
     assert "Root Cause" in proc.stderr  # torchrun's report names the rank that failed first
 

@@ -73,9 +73,9 @@ class Train:
             target=lambda: [self.lines.put(line) for line in self.proc.stdout] + [self.lines.put(None)], daemon=True
         ).start()
 
-    def wait_for(self, start: str) -> str:
+    def wait_for(self, start: str, timeout: float = 120) -> str:
         while True:
-            line = self.lines.get(timeout=120)
+            line = self.lines.get(timeout=timeout)
             assert line is not None, "charlm train exited: " + "".join(self.seen) + self.proc.stderr.read()
             self.seen.append(line)
             if line.startswith(start):
@@ -244,4 +244,122 @@ def test_temp_files_of_a_killed_encoding_are_removed_by_the_next_run(tmp_path):
     assert left.exists()
     r = CliRunner().invoke(main, ["train", str(big), *TINY, "--steps", "1", "--out", str(tmp_path / "run2")])
     assert r.exit_code == 0, r.output
-    assert temps(tmp_path / "cache" / "tokens") == [] and len(list((tmp_path / "cache" / "tokens").iterdir())) == 1
+    assert temps(tmp_path / "cache" / "tokens") == [] and len(list((tmp_path / "cache" / "tokens").glob("*.npy"))) == 1
+
+
+# ---- every phase: Ctrl-C, SIGTERM and SIGHUP act at once ----------------------------------------------
+
+
+def signalled(run: Train, signum: int) -> tuple[float, float | None]:
+    """Send signum; (seconds until the process exited, seconds until it said "stopping:", None if it did not)."""
+    t0 = time.monotonic()
+    run.proc.send_signal(signum)
+    said = None
+    while (line := run.lines.get(timeout=60)) is not None:
+        run.seen.append(line)
+        if said is None and "stopping: saving after this batch" in line:
+            said = time.monotonic() - t0
+    run.lines.put(None)
+    run.proc.wait(timeout=60)
+    return time.monotonic() - t0, said
+
+
+NAME = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM", signal.SIGHUP: "stopped by SIGHUP"}
+
+
+@pytest.mark.parametrize(
+    "phase, signum",
+    [
+        ("evaluation", signal.SIGINT),
+        ("evaluation", signal.SIGTERM),
+        ("final sample", signal.SIGHUP),
+        ("training", signal.SIGHUP),
+    ],  # fmt: skip
+)
+def test_a_signal_in_any_phase_of_training_stops_it_at_once_saved(corpus, tmp_path, phase, signum):
+    """Regression (issue 26 items 4 and 5, issue 28): SIGHUP (the terminal closed) killed the run with exit 129,
+    no message and nothing saved since the last evaluation; during the final sample SIGINT and SIGTERM were
+    ignored; one SIGTERM during a long evaluation waited more than 20 minutes, and a Ctrl-C in one was silent
+    for 73 s. Now each is acknowledged at once ("stopping: saving after this batch…"), the evaluation or
+    sample under way is given up, last.pt is saved at the step reached, the resume command is printed and the
+    exit code is 128 + the signal."""
+    out = tmp_path / "run"
+    slow = {  # an evaluation of a million batches; a final sample of a million tokens; endless training
+        "evaluation": ["--steps", 10, "--eval-interval", 1, "--eval-iters", 1_000_000],
+        "final sample": ["--steps", 2, "--eval-interval", 2, "--eval-iters", 1],
+        "training": ["--steps", 1_000_000, "--eval-interval", 10],
+    }[phase]
+    sample = ["--sample-tokens", 1_000_000] if phase == "final sample" else []
+    run = Train(tmp_path, corpus, *TINY, *slow, *sample, "--out", out)
+    run.wait_for({"evaluation": "  data:", "final sample": "eval step 2:", "training": "eval step 10:"}[phase])
+    time.sleep(1.0)  # well inside the evaluation (a step takes milliseconds), the sample, or training
+    took, said = signalled(run, signum)
+    code, stdout, stderr = run.finish()
+    assert code == 128 + signum, (code, stdout, stderr)
+    no_traceback(stderr)
+    step = checkpoint.read(out / "last.pt").step
+    assert f"{NAME[signum]} at step {step}; saved {out}/last.pt" in stdout, stdout
+    assert f"resume with: charlm train {corpus} --out {out} --resume" in stdout
+    assert said is not None and said < 5 and took < 15, (said, took)  # (measured: ~0.01 s and ~0.3 s)
+    assert not (out / ".lock").exists() and temps(out) == []
+    if phase == "final sample":
+        assert step == 2
+    print(f"{phase} {signal.Signals(signum).name}: acknowledged in {said:.3f}s, exited in {took:.3f}s")
+
+
+def test_a_signal_while_the_corpus_is_encoded_stops_at_once_leaving_nothing(tmp_path):
+    """Regression: SIGTERM or SIGHUP during the set-up (here: encoding a 10 MB corpus) killed the process
+    silently, leaving the run's lock file. Now the run stops at once with a line that says nothing was saved,
+    exit 128 + the signal, and leaves neither a temp file in the cache nor a run directory."""
+    big = tmp_path / "big.txt"
+    big.write_text(CITIZENS * 2000, encoding="utf-8")
+    out = tmp_path / "run"
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        run = Train(tmp_path, big, *TINY, "--steps", 1, "--out", out)
+        deadline = time.monotonic() + 120
+        while not temps(tmp_path / "cache" / "tokens"):  # encoding
+            assert time.monotonic() < deadline and run.proc.poll() is None, "no encoding seen"
+        took, _ = signalled(run, signum)
+        code, stdout, stderr = run.finish()
+        assert code == 128 + signum, (code, stdout, stderr)
+        no_traceback(stderr)
+        assert f"{NAME[signum]} before training started; nothing saved" in stdout, stdout
+        assert temps(tmp_path / "cache" / "tokens") == [] and not out.exists()
+        assert took < 15, took
+        print(f"encoding {signal.Signals(signum).name}: exited in {took:.3f}s")
+
+
+def test_a_second_ctrl_c_quits_at_once_and_says_what_was_saved(corpus, tmp_path):
+    """Regression: a second Ctrl-C printed "interrupted" and exited 130 with no word of what was saved. Now it
+    quits at once, in the middle of a step, and says what last.pt holds: here, before the first evaluation,
+    nothing, so no resume command either. (If the step ended before the second Ctrl-C came, the first one's
+    save is under way and the run stops saved: then it says so. Either way what it says is what is on disk;
+    test_train.py's test_second_sigint_stops_at_once takes the quit path every time, in-process.)"""
+    out = tmp_path / "run"
+    # steps of ~2 s (a wide LSTM on long, big batches): the second Ctrl-C comes before the step ends
+    wide = ["--model", "lstm", "--d-model", "512", "--context", "128", "--batch-size", "64", "--eval-interval", "1000"]
+    run = Train(tmp_path, corpus, *TINY, *wide, "--steps", 1_000_000, "--out", out)
+    run.wait_for("  data:")
+    time.sleep(1.0)
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for("stopping: saving after this batch… Ctrl-C again to quit without saving")  # the handler ran
+    t0 = time.monotonic()
+    while run.proc.poll() is None:  # Ctrl-C again, and again, until it has exited
+        try:
+            run.proc.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    took = time.monotonic() - t0
+    code, stdout, stderr = run.finish()
+    assert code == 130, (code, stdout, stderr)
+    no_traceback(stderr)
+    assert not (out / ".lock").exists()
+    if (out / "last.pt").exists():  # the step ended first: saved, and said so
+        step = checkpoint.read(out / "last.pt").step
+        assert f"interrupted at step {step}; saved {out}/last.pt" in stdout and "resume with" in stdout, stdout
+    else:
+        assert "interrupted at step " in stdout and "; nothing saved" in stdout, stdout
+        assert "resume with" not in stdout
+    assert took < 10, took
+    print(f"second Ctrl-C: exited in {took:.3f}s")

@@ -164,9 +164,10 @@ def test_second_sigint_stops_at_once(corpus, tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(TrainingInterrupted) as e:
         make(corpus, tmp_path / "run", on_event=two_interrupts).fit()
     assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-done was saved
+    assert e.value.result.step == 2 and e.value.saved_step is None  # and the exception says so
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 

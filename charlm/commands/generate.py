@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from charlm import checkpoint
 from charlm.config import ConfigError, PromptOptions, SampleConfig, SampleOptions
@@ -43,21 +42,33 @@ def sample(ckpt: str, prompt: str, settings: SampleConfig, opts: SampleOptions |
         yield Continuation(shown, len(ids), streamer.stream(ids, run), streamer)
 
 
+MAX_PROMPT_BYTES = 16 << 20  # far beyond any context: a prompt is cut to the model's context anyway
+
+
 def read_prompt(where: PromptOptions) -> str:
     """The text a command reads: --prompt, else the file --prompt-file names ('-': stdin), else stdin when
     it is piped, else none."""
     prompt, prompt_file = where.validate().prompt, where.prompt_file
     if prompt is not None:
         return prompt
-    if prompt_file == "-" or (prompt_file is None and not sys.stdin.isatty()):
-        return sys.stdin.read()
-    if prompt_file is None:
+    if prompt_file is None and sys.stdin.isatty():
         return ""
-    try:
-        return Path(prompt_file).read_text(encoding="utf-8")
+    piped = prompt_file in (None, "-")
+    where = "stdin" if piped else prompt_file
+    try:  # at most MAX_PROMPT_BYTES: `yes |` or /dev/zero never end
+        if piped:
+            raw = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+        else:
+            with open(prompt_file, "rb") as f:
+                raw = f.read(MAX_PROMPT_BYTES + 1)
+        if len(raw) > MAX_PROMPT_BYTES:
+            raise ConfigError(
+                f"--prompt-file: {where} holds more than {MAX_PROMPT_BYTES >> 20} MB of text: give a shorter one"
+            )
+        return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
     except FileNotFoundError:
         raise ConfigError(f"--prompt-file: no such file {prompt_file}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"--prompt-file: {prompt_file} is not UTF-8 text") from None
+        raise ConfigError(f"--prompt-file: {where} is not UTF-8 text") from None
     except OSError as e:
         raise ConfigError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -20,8 +18,17 @@ from typing import NoReturn
 from charlm import checkpoint, distributed, files, memory, runs
 from charlm.config import ConfigError, ModelConfig, TrainConfig
 from charlm.data import cache_dir
+from charlm.runs import check_writable
 from charlm.runtime import cpu_name, pick_device
-from charlm.train import Result, Trainer
+from charlm.train import (
+    Result,
+    RunSignals,
+    SetupInterrupted,
+    Stopping,
+    Trainer,
+    TrainingInterrupted,
+    stop_signals,
+)
 from charlm.views.text import shell_quote
 
 
@@ -41,10 +48,34 @@ def train(
     """Train a model on corpus into out (default: checkpoints/<corpus>-<model>-<tokenizer>), or continue
     the run there (resume). given: the settings the user typed, for the resume rule (runs.resume_configs;
     None: every field). nproc > 1: relaunch this command under torchrun through launch(argv), which
-    does not return. settle_signals: once training ends, ignore Ctrl-C and SIGTERM (a process that only
-    has to exit; a Python caller keeps its handlers)."""
+    does not return. Ctrl-C, SIGTERM and SIGHUP stop it in every phase (RunSignals): in set-up at once, with
+    nothing to save; once training, saved at the step it is at; either way TrainingInterrupted says what
+    last.pt holds. settle_signals: once training ends, ignore them (a process that only has to exit; a Python
+    caller keeps its handlers)."""
+    me = distributed.env()
+    signals = RunSignals(
+        *stop_signals(me.enabled),
+        notify=lambda signum, saving: (on_event or (lambda e: None))(Stopping(signum=signum, saving=saving)),
+        settle=settle_signals and not me.enabled,  # (under torchrun, SIGTERM must still stop a rank that hangs)
+    )
+    found: list[Path] = []  # the run directory, once known
+    try:
+        with signals:  # from here to the end, a signal stops the run: at once in set-up, saved once training
+            return _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, launch, signals, found)
+    except SetupInterrupted as e:
+        out, saved = (found or [None])[0], None
+        if out is not None and resume and (out / "last.pt").is_file():
+            try:
+                saved = checkpoint.read_header(out / "last.pt").step
+            except checkpoint.CheckpointError:
+                pass
+        raise TrainingInterrupted(None, e.signum, out_dir=out, saved_step=saved) from None
+
+
+def _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, launch, signals, found) -> Result:
     me = distributed.env()
     out, model_cfg, train_cfg = _run_dir(corpus, model_cfg, train_cfg, out, resume, nproc or me.world_size, given)
+    found.append(out)
     check_writable(out)
     device = pick_device(train_cfg.device)
     memory.check_fits(model_cfg, train_cfg, device, nproc or me.world_size)  # before any work
@@ -60,13 +91,10 @@ def train(
     try:
         if lock and not resume:
             check_unused(out)  # again, now under the lock: another run may have finished in it since
-        run = Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event)
-        if settle_signals and not me.enabled:  # (under torchrun, SIGTERM must still stop a rank that hangs)
-            for s in (signal.SIGINT, signal.SIGTERM):  # fit() handles them from its first line
-                signal.signal(s, signal.SIG_IGN)
+        run = Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event, signals=signals)
         return _with_usual_speed(run, run.fit(), device == "cpu" and me.is_main)
     except files.WriteError as e:
-        if out.resolve() in e.path.resolve().parents and (out / "last.pt").exists():
+        if _inside(e.path, out) and (out / "last.pt").exists():
             raise files.WriteError(
                 f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
                 f"{resume_command(corpus, out)}",
@@ -77,6 +105,13 @@ def train(
         distributed.close()
         if lock:
             lock.release()
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return directory.resolve() in path.resolve().parents
+    except (OSError, RuntimeError):  # a loop of symbolic links (RuntimeError before Python 3.13)
+        return False
 
 
 SPEED_STEPS = 50  # a run's speed is recorded, and compared, from this many steps: a short run's is noise
@@ -131,21 +166,21 @@ def resume_command(corpus: str, out: Path) -> str:
 def check_unused(out: Path) -> None:
     if (out / "last.pt").exists():
         raise ConfigError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
-
-
-def check_writable(out: Path) -> None:
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"cannot write to {out}: {probe} is a file, not a directory")
-    try:  # really try: os.access says yes to root, and knows nothing of read-only mounts or ACLs
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as e:
+    # another run's files without a last.pt (a run killed before its first one, or copied in): a new run
+    # would rewrite them and mix its own lines into that log
+    left = [n for n in ("best.pt", "metrics.jsonl") if os.path.lexists(out / n) and _not_empty(out / n)]
+    if left:
         raise ConfigError(
-            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
-        ) from None
+            f"{out} holds {' and '.join(left)} of another run (but no last.pt to resume): move "
+            f"{'them' if len(left) > 1 else 'it'} away, or choose another --out"
+        )
+
+
+def _not_empty(path: Path) -> bool:
+    try:  # (a directory or a FIFO of that name is no run's: writing there fails, in one line, when it comes)
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def torchrun(nproc: int, out: Path, device: str, launch: Callable[[list[str]], NoReturn] | None) -> NoReturn:

@@ -57,4 +57,14 @@ def run_experiment(
             return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
         extra = {"seeds": s.seeds} if name in SEEDED else {}
         out = Path(s.out) if s.out else LAB_DIR
-        return module.run(out, seed=s.seed, device=s.device, progress=progress, **extra, **sizes)
+        from charlm.runs import RunLock, check_writable
+        from charlm.train import TrainingInterrupted
+
+        check_writable(out)  # before any work, as train does: a file, a read-only mount
+        lock = RunLock(out, "charlm lab")  # a second lab into the same --out would delete this one's runs
+        try:
+            return module.run(out, seed=s.seed, device=s.device, progress=progress, **extra, **sizes)
+        except TrainingInterrupted:  # Ctrl-C: the lab runs saved so far stay; the CLI says "interrupted"
+            raise KeyboardInterrupt from None
+        finally:
+            lock.release()

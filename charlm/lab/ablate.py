@@ -9,6 +9,7 @@ open"), or zero units of a layer's hidden state, through the step-by-step recomp
 
 from __future__ import annotations
 
+import codecs
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,13 @@ def _ids(ck, text: str | None, max_chars: int) -> Scored:
         ids = _encode(ck, kept, max_chars)
         targets = kept.parent / TARGETS
         if targets.is_file() and ck.tokenizer.kind == "char":  # a lab run: one token a character
-            mask = np.load(targets, allow_pickle=False)[: len(ids)]
+            try:
+                mask = np.load(targets, allow_pickle=False)[: len(ids)]
+            except Exception as e:  # empty (EOFError), garbage, an object array (ValueError): damaged
+                raise ConfigError(
+                    f"{targets} is damaged ({type(e).__name__}): train the lab run again, or remove it to score "
+                    f"{kept} as plain text"
+                ) from None
             newline = ck.tokenizer.encode("\n")
             starts = [i for i, t in enumerate(ids) if [t] == newline]
             if len(mask) == len(ids) and mask.dtype == bool and starts:
@@ -70,12 +77,18 @@ def _ids(ck, text: str | None, max_chars: int) -> Scored:
 
 
 def _encode(ck, path: Path, max_chars: int) -> list[int]:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"no text to score: {path} does not exist; give one with --text FILE")
+    if not path.is_file():  # a device (/dev/zero never ends), a FIFO, a directory
+        raise ConfigError(f"--text: {path} is not a regular file; give the path of a text file")
     try:
-        body = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # only what is scored: at most 4 bytes a character
+            body = codecs.getincrementaldecoder("utf-8")().decode(f.read(4 * max_chars))
+        body = body.replace("\r\n", "\n").replace("\r", "\n")  # as read_text did
     except UnicodeDecodeError:
         raise ConfigError(f"--text: {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"--text: cannot read {path}: {e.strerror}") from None
     return ck.tokenizer.encode(body[:max_chars], unknown="drop")
 
 

@@ -76,7 +76,7 @@ def _pack(items: list[Text], width: int, sep: Text) -> list[Text]:
 def header(p: Contestant) -> tuple[Text, Text]:
     m, tok = p.ckpt.model_config, p.ckpt.tokenizer
     params = p.ckpt.saved.params or count_params(p.ckpt.model)
-    title = Text(safe_text(p.ckpt.name), style="bold")
+    title = Text(safe_text(p.label), style="bold")
     sub = Text(f"{m.kind} · {tok.kind} · {human(params)} params")
     return title, sub
 
@@ -231,7 +231,7 @@ class CompareView:
         for c in cols:
             table.add_column(c, justify="right", no_wrap=True)
         for p, row in zip(self.players, cells):
-            table.add_row(Text(safe_text(p.ckpt.name)), *row)
+            table.add_row(Text(safe_text(p.label)), *row)
         return table
 
     def results(self) -> None:
@@ -250,7 +250,7 @@ class CompareView:
         else:
             cols, cells = self.columns()
             for p, row in zip(self.players, cells):
-                self.console.print(Text(safe_text(p.ckpt.name), style="bold"))
+                self.console.print(Text(safe_text(p.label), style="bold"))
                 items = [Text(f"{c} ", style="dim") + cell for c, cell in zip(cols, row)]
                 for line in _pack(items, self.console.width - 2, Text(" · ", style="dim")):
                     self.console.print(Text("  ") + line, no_wrap=True, overflow="fold")
@@ -259,4 +259,4 @@ class CompareView:
     def notes(self) -> None:
         for p in self.players:
             if p.eval_note:
-                self.console.print(Text(safe_text(f"{p.ckpt.name}: {p.eval_note}"), style="yellow"), soft_wrap=True)
+                self.console.print(Text(safe_text(f"{p.label}: {p.eval_note}"), style="yellow"), soft_wrap=True)

@@ -32,10 +32,14 @@ def line_chart(
     title: str = "",
 ) -> str:
     """series: name -> (xs, ys). Points that a log axis cannot show (<= 0) and non-finite ones are left out.
-    Returns the chart as text, `height` lines of `width` characters (plus nothing else)."""
+    Returns the chart as text, `height` lines of `width` characters; when the legend does not fit inside the
+    chart (plotext would drop it without a word: more series than about height - 3), it follows the chart, a
+    few names a line."""
     plt.clf()
     plt.plotsize(width, height)
     plt.theme("clear" if not color else "pro")
+    outside = len(series) > height - 3
+    legend = []
     xs_all = set()
     for k, (name, (xs, ys)) in enumerate(series.items()):
         pts = [
@@ -47,13 +51,15 @@ def line_chart(
             continue
         px, py = zip(*pts)
         xs_all.update(px)
+        marker, hue = MARKERS[k % len(MARKERS)], COLORS[(k + k // len(MARKERS)) % len(COLORS)]  # pairs unique to 64
         plt.plot(
             list(px),
             list(py),
-            label=name,
-            marker=MARKERS[k % len(MARKERS)],
-            **({"color": COLORS[k % len(COLORS)]} if color else {}),
+            label=None if outside else name,
+            marker=marker,
+            **({"color": hue} if color else {}),
         )
+        legend.append(f"{marker} {name}" + (f" ({hue})" if color and len(series) > len(MARKERS) else ""))
     if xlog:
         plt.xscale("log")
     if ylog:
@@ -67,4 +73,17 @@ def line_chart(
         plt.title(title)
     text = plt.build()
     plt.clf()
-    return text if color else plt.uncolorize(text)
+    text = text if color else plt.uncolorize(text)
+    if outside and legend:
+        if not color and len(legend) > len(MARKERS):
+            legend.append(
+                f"(markers repeat after {len(MARKERS)} series: fewer runs, or a colour terminal, tell them apart)"
+            )
+        lines, line = [], ""
+        for entry in legend:
+            if line and len(line) + 3 + len(entry) > width:
+                lines.append(line)
+                line = ""
+            line = f"{line}   {entry}" if line else entry
+        text = text.rstrip("\n") + "\n" + "\n".join([*lines, line]) + "\n"
+    return text

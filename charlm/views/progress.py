@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped
+from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import safe, safe_text, shell_quote
 
 
@@ -29,6 +29,7 @@ class TrainView:
         self.total = 0
         self.tps = 0.0  # smoothed tokens/s
         self.last_val = ""
+        self.last_step: tuple[int, float] | None = None  # (step, loss) of the latest step
         self.loads: list[float] = []  # the machine's load average at each step: was it busy?
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
@@ -46,6 +47,18 @@ class TrainView:
             self._evaluated(event)
         elif isinstance(event, Phase):
             self._phase(event)
+        elif isinstance(event, Stopping):
+            self._stopping(event)
+
+    def _stopping(self, e: Stopping) -> None:
+        """A signal asked the run to stop: say so at once (the save may take a moment)."""
+        if not e.saving:
+            return  # in set-up: the run stops at once, and interrupted() says so
+        name = "" if e.signum == signal.SIGINT else f"{signal.Signals(e.signum).name}: "
+        line = f"{name}stopping: saving after this batch… Ctrl-C again to quit without saving"
+        if self.live and self.train_task is not None:
+            self.progress.update(self.train_task, description="stopping")
+        self.console.print(Text(line, style="yellow"))
 
     def _phase(self, e: Phase) -> None:
         """Name the work between steps on the bar, which would otherwise sit still without a word."""
@@ -109,11 +122,19 @@ class TrainView:
                 info="",
             )
 
+    def _info(self) -> str:
+        """The bar's words: the latest step, its loss, the latest evaluation, the speed."""
+        if self.last_step is None:
+            return ""
+        step, loss = self.last_step
+        return f"step {step} · loss {loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
+
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
         if e.load is not None:
             self.loads.append(e.load)
-        info = f"step {e.step} · loss {e.loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
+        self.last_step = (e.step, e.loss)
+        info = self._info()
         if self.live:
             t = self.started.train_config
             done = min(e.elapsed, t.max_time) if t.max_time else e.step
@@ -125,6 +146,8 @@ class TrainView:
 
     def _evaluated(self, e: Evaluated) -> None:
         self.last_val = f" · val {e.val_loss:.3f} ({e.val_bpc:.2f} bpc)"
+        if self.live and self.train_task is not None:  # the bar shows this evaluation, not the one before
+            self.progress.update(self.train_task, info=self._info(), description="training")
         best = " [green]best[/]" if e.is_best else ""
         self.console.print(
             f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
@@ -134,14 +157,28 @@ class TrainView:
         if e.sample is not None:
             self.console.print(Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic"))
 
-    def interrupted(self, result: Result, signum: int, resume: str) -> None:
-        """Ctrl-C or SIGTERM stopped the run, saved: where, and the command that continues it."""
-        self.close()
-        name = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        saved = safe(f"{result.out_dir}/last.pt")
-        self.console.print(Text.assemble("\n", (name, "yellow"), f" at step {result.step}; saved ", saved))
-        # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
-        self.console.print(f"resume with: {resume}", markup=False, highlight=False)
+    def interrupted(self, e: TrainingInterrupted, resume: str | None) -> None:
+        """A signal stopped the run: where it got to, what last.pt holds, and the command that continues it."""
+        try:
+            self.close()
+            name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
+            at = f" at step {e.result.step}" if e.result else " before training started"
+            if e.out_dir is None or e.saved_step is None:
+                self.console.print(Text.assemble("\n", (name, "yellow"), f"{at}; nothing saved"))
+                return
+            last = safe(f"{e.out_dir}/last.pt")
+            if e.result and e.saved_step == e.result.step:
+                self.console.print(Text.assemble("\n", (name, "yellow"), f"{at}; saved ", last))
+            else:
+                unsaved = " without saving" if e.result else ""
+                self.console.print(
+                    Text.assemble("\n", (name, "yellow"), f"{at}{unsaved}; ", last, f" holds step {e.saved_step}")
+                )
+            # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
+            if resume:
+                self.console.print(f"resume with: {resume}", markup=False, highlight=False)
+        except OSError:  # the terminal is gone (SIGHUP): what was saved is saved
+            pass
 
     def finish(self, result: Result) -> None:
         self.close()
