@@ -289,12 +289,11 @@ class ModelConfig:
         _check(1 <= self.d_model <= 16384, f"--d-model must be between 1 and 16384, got {self.d_model}")
         _check(2 <= self.context <= 65536, f"--context must be between 2 and 65536, got {self.context}")
         _check(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}")
+        _check(
+            self.head_dim is None or 1 <= self.head_dim <= 16384 and self.n_heads * self.head_dim <= 16384,
+            f"head size must be between 1 and 16384, got {shown(self.head_dim)}",
+        )
         if self.applies("n_heads"):  # the transformer's own fields
-            _check(self.n_heads >= 1, f"--heads must be at least 1, got {self.n_heads}")
-            _check(
-                self.head_dim is None or 1 <= self.head_dim <= 16384 and self.n_heads * self.head_dim <= 16384,
-                f"head size must be between 1 and 16384, got {self.head_dim}",
-            )
             _check(
                 self.head_dim is not None or self.d_model % self.n_heads == 0,
                 f"--d-model {self.d_model} is not divisible by --heads {self.n_heads}: pick sizes where it is (e.g. 128 and 4)",

@@ -1,5 +1,5 @@
-"""The training loop: AdamW, warmup + cosine schedule, gradient clipping, periodic evaluation,
-atomic checkpoints and exact resume. Gradient accumulation (grad_accum micro-batches per step), and
+"""The training loop: Muon + AdamW (or AdamW alone), warmup + cosine schedule, gradient clipping,
+periodic evaluation, atomic checkpoints and exact resume. Gradient accumulation (grad_accum micro-batches per step), and
 under torchrun one process per rank with DistributedDataParallel (see charlm.distributed): each rank
 samples its own batches, every rank runs the same loop and takes part in every collective, rank 0 writes.
 
@@ -324,7 +324,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
-        self.next_eval = self.EVAL_GAP  # the progress() at which the next evaluation is due (no --eval-interval)
+        self.next_eval = self.EVAL_GAP  # the budget_spent() at which the next evaluation is due (no --eval-interval)
         self.saved_step = None  # the step last.pt was last written at by this process
         self.best_val_loss = self.best_val_bpc = None
         amp = autocast_dtype(self.device, self.cfg.precision)
@@ -514,7 +514,7 @@ class Trainer:
         p = self.step / self.cfg.steps
         return max(p, self.train_seconds / self.cfg.max_time) if self.cfg.max_time else p
 
-    def progress(self) -> float:
+    def budget_spent(self) -> float:
         """spent(), the same on every rank: their clocks differ, and they must evaluate together."""
         return distributed.all_max([self.spent()])[0]
 
@@ -523,14 +523,14 @@ class Trainer:
             return True
         if self.cfg.eval_interval:
             return self.step % self.cfg.eval_interval == 0
-        return self.progress() >= self.next_eval
+        return self.budget_spent() >= self.next_eval
 
     def scheduled_eval(self) -> float:
         """evaluate_and_save, then the next evaluation's place in the budget from what this one cost."""
         t0 = time.perf_counter()
         val = self.evaluate_and_save()
         (cost,) = distributed.all_max([time.perf_counter() - t0])
-        done = self.progress()
+        done = self.budget_spent()
         total = self.cfg.max_time or self.train_seconds / max(done, 1e-9)  # seconds the whole budget takes
         self.next_eval = done + max(self.EVAL_GAP, cost / (self.EVAL_SHARE * total))
         return val

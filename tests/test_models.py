@@ -246,7 +246,7 @@ def test_dropout_is_off_in_eval_mode():
 
 BAD_MODEL = [
     (dict(d_model=100, n_heads=3), "--d-model 100 is not divisible by --heads 3"),
-    (dict(n_heads=0), "--heads must be at least 1"),
+    (dict(n_heads=0), "--heads must be between 1 and 16384"),
     (dict(n_layers=0), "--layers must be between 1 and 64"),
     (dict(d_model=0), "--d-model must be between 1 and 16384"),
     (dict(context=1), "--context must be between 2 and 65536"),
@@ -254,7 +254,7 @@ BAD_MODEL = [
     (dict(dropout=float("nan")), r"--dropout must be in \[0, 1\)"),
     (dict(kind="mamba"), "unknown model 'mamba'"),
     (dict(positions="xpos"), "unknown --positions 'xpos'"),
-    (dict(vocab_size=1), "vocabulary size must be at least 2"),
+    (dict(vocab_size=1), "vocabulary size must be between 2 and 10\\^7"),
 ]
 
 
@@ -280,18 +280,18 @@ def test_rnn_ignores_transformer_only_settings():
 
 
 BAD_TRAIN = [
-    (dict(steps=0), "--steps must be at least 1, got 0"),
+    (dict(steps=0), "--steps must be between 1 and 10\\^12, got 0"),
     (dict(lr=-1), "--lr must be a positive learning rate below 10, got -1"),
     (dict(lr=0), "--lr must be a positive"),
     (dict(batch_size=0), "--batch-size must be at least 1"),
     (dict(max_time=0), "--max-time must be positive"),
     (dict(tokenizer="word"), "unknown --tokenizer 'word'"),
     (dict(tokenizer="bpe", vocab_size=100), "--vocab-size must be between 257"),
-    (dict(eval_interval=0), "--eval-interval must be at least 1"),
-    (dict(eval_iters=0), "--eval-iters must be at least 1"),
+    (dict(eval_interval=0), "--eval-interval must be between 1 and 10\\^12"),
+    (dict(eval_iters=0), "--eval-iters must be between 1 and 1000000"),
     (dict(device="tpu"), "unknown --device 'tpu'"),
     (dict(weight_decay=-0.1), "--weight-decay must be at least 0"),
-    (dict(warmup=-1), "--warmup must be at least 0"),
+    (dict(warmup=-1), "--warmup must be between 0 and 10\\^12"),
     (dict(val_fraction=1.0), "--val-fraction must be between 0 and 1"),
 ]
 

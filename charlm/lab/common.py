@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm import checkpoint
+from charlm import checkpoint, files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.lab import tasks
 from charlm.lab.tasks import Example, TaskText
@@ -139,9 +139,10 @@ def lab_trainer(
         (run_dir / name).unlink(missing_ok=True)
     corpus = run_dir / "corpus.txt"
     aligned = isinstance(data, TaskText)
-    corpus.write_text(data.text if aligned else data, encoding="utf-8")
+    text = (data.text if aligned else data).encode("utf-8")
+    files.atomic_write(corpus, lambda f: f.write(text))  # (never through a link or onto a special file)
     if aligned:  # so that what reads the run later (lab ablate) scores the task as it was posed
-        np.save(run_dir / TARGETS, data.mask)
+        files.atomic_write(run_dir / TARGETS, lambda f: np.save(f, data.mask))
     trainer = Trainer(
         corpus,
         model_cfg,

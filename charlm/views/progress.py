@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
-from charlm.views.text import safe, safe_text, shell_quote
+from charlm.views.text import duration, safe, safe_text, shell_quote
 
 
 class TrainView:
@@ -91,7 +91,7 @@ class TrainView:
         m, t = e.model_config, e.train_config
         # a time-only run has an effectively unlimited step count: don't print 1000000000 steps
         budget = " or ".join(
-            ([f"{t.steps} steps"] if t.step_limited else []) + ([f"{t.max_time:g}s"] if t.max_time else [])
+            ([f"{t.steps} steps"] if t.step_limited else []) + ([duration(t.max_time)] if t.max_time else [])
         )
         resumed = f", resuming at step {e.start_step}" if e.start_step else ""
         batch = f"batch {t.batch_size}"
@@ -142,7 +142,7 @@ class TrainView:
                 done = max(done, t.max_time * e.step / t.steps)
             self.progress.update(self.train_task, completed=done, info=info, description="training")
         elif e.step % self.log_every == 0:
-            self.console.print(f"{info} · {e.elapsed:.0f}s", highlight=False)
+            self.console.print(f"{info} · {duration(e.elapsed)}", highlight=False)
 
     def _evaluated(self, e: Evaluated) -> None:
         self.last_val = f" · val {e.val_loss:.3f} ({e.val_bpc:.2f} bpc)"
@@ -252,16 +252,16 @@ class TrainView:
     def _time(self, result: Result) -> str:
         """Training time (evaluations included), and what else the wait held, so the numbers add up."""
         if self.started is None or self.t_started is None:
-            return f"{result.train_seconds:.1f}s"
+            return duration(result.train_seconds)
         session = result.train_seconds - self.started.start_seconds
         setup = self.t_started - self.t_created
         after = max(0.0, time.perf_counter() - self.t_started - session)
-        text = f"{session:.1f}s training, evaluations included"
+        text = f"{duration(session)} training, evaluations included"
         if self.started.start_seconds:
-            text += f" ({result.train_seconds:.1f}s with the earlier sessions)"
+            text += f" ({duration(result.train_seconds)} with the earlier sessions)"
         return (
-            text + f" · {setup + session + after:.1f}s in all: {setup:.1f}s to set up and encode, "
-            f"{after:.1f}s for the last evaluation and sample"
+            text + f" · {duration(setup + session + after)} in all: {duration(setup)} to set up and encode, "
+            f"{duration(after)} for the last evaluation and sample"
         )
 
     def _barely_learned(self, result: Result) -> bool:
