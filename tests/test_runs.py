@@ -195,7 +195,8 @@ def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_pat
         out,
     )
     assert m, out
-    training, total, setup, after = map(parse_duration, m.groups())  # as views.text.duration wrote them
+    # as views.text.duration wrote them ('0.0s' too: parse_duration takes only a budget, above 0)
+    training, total, setup, after = (0.0 if d == "0.0s" else parse_duration(d) for d in m.groups())
     rounding = sum(0.05 if "." in d else 0.5 for d in m.groups())  # 9.7s to a tenth, 12s to a second
     assert total == pytest.approx(training + setup + after, abs=rounding + 0.05) and total <= waited + 0.5
     assert training == pytest.approx(checkpoint.read(tmp_path / "run" / "last.pt").train_seconds, abs=0.5)
