@@ -117,8 +117,24 @@ class Knockout:
         return self.bpc - self.base_bpc
 
 
+class Predicted:
+    """What both scenes say of the text's tokens: their surprisal, the predictions after each, bits/char (from
+    the scene's logits (n, vocab), nats (n - 1,) and chars)."""
+
+    def surprisal_bits(self) -> np.ndarray:
+        """(n,) bits of each token given the ones before (NaN for the first, which nothing predicts)."""
+        return np.concatenate([[np.nan], self.nats / LN2])
+
+    def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
+        return _top(self.logits[i], k)
+
+    @property
+    def bpc(self) -> float:
+        return _targets_bpc(self.nats, self.chars)
+
+
 @dataclass
-class AttentionScene:
+class AttentionScene(Predicted):
     """A Transformer on a text: every head's attention row of every token, its predictions, its surprisal."""
 
     ids: list[int]
@@ -167,17 +183,6 @@ class AttentionScene:
         w = self.looked_at(i, layer, head)
         order = np.argsort(-w, kind="stable")[:k]
         return [(int(j), float(w[j])) for j in order if w[j] > 0]
-
-    def surprisal_bits(self) -> np.ndarray:
-        """(n,) bits of each token given the ones before (NaN for the first, which nothing predicts)."""
-        return np.concatenate([[np.nan], self.nats / LN2])
-
-    def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
-        return _top(self.logits[i], k)
-
-    @property
-    def bpc(self) -> float:
-        return _targets_bpc(self.nats, self.chars)
 
 
 def _top(logits: torch.Tensor, k: int) -> list[tuple[int, float]]:
@@ -309,7 +314,7 @@ BEHAVIOURS = {
 
 
 @dataclass
-class GateScene:
+class GateScene(Predicted):
     """An LSTM/GRU on a text: every layer's gates and states at every token, its predictions, its surprisal."""
 
     ids: list[int]
@@ -346,16 +351,6 @@ class GateScene:
         v = {"cell state": t.c, "hidden": t.h}.get(quantity)
         v = t.gates[quantity] if v is None else v
         return v[0].float().numpy()
-
-    def surprisal_bits(self) -> np.ndarray:
-        return np.concatenate([[np.nan], self.nats / LN2])
-
-    def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
-        return _top(self.logits[i], k)
-
-    @property
-    def bpc(self) -> float:
-        return _targets_bpc(self.nats, self.chars)
 
     def rank_units(self, layer: int, behaviour: str) -> tuple[list[int], np.ndarray]:
         """Units of a layer, best first by a behaviour (BEHAVIOURS), and each unit's score."""
