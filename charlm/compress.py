@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from charlm import checkpoint
 from charlm.checkpoint import Saved
 from charlm.config import ConfigError, ModelConfig, SampleConfig
-from charlm.data import Batches, corpus_sha256, encode_corpus, load_tokens
+from charlm.evaluate import validation_part
 from charlm.models import param_count
 
 BATCH_ROWS = 16  # windows scored at once
@@ -86,18 +86,9 @@ def scored_text(ck, text: str | None, tokens: int) -> Scored:
         cpt = len(tok.decode(ids)) / max(len(ids), 1)
         source = str(p)
     else:
-        if corpus is None or not corpus.path:
-            why = "its checkpoint does not record where its corpus was"
-        elif not Path(corpus.path).is_file():
-            why = f"it was trained on {corpus.path}, which is no longer there"
-        elif corpus_sha256(corpus.path) != corpus.sha256:
-            why = f"it was trained on {corpus.path}, which has changed since (another sha256)"
-        else:
-            why = None
+        val, why = validation_part(ck)
         if why:
             raise ConfigError(f"no text to score {ck.path}: {why}; give one with --text FILE")
-        all_ids = load_tokens(encode_corpus(corpus.path, tok, sha256=corpus.sha256))
-        val = Batches(all_ids, ck.model_config.context, ck.train_config.val_fraction).val
         ids, cpt, source = [int(i) for i in val[:tokens]], corpus.chars_per_token, f"{corpus.path} (validation part)"
     T = min(ck.model_config.context, len(ids) - 1)
     n = (len(ids) - 1) // T if T >= 1 else 0

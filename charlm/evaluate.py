@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import UNKNOWN, ConfigError
-from charlm.data import CorpusError, bits_per_char, iter_corpus
+from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, encode_corpus, iter_corpus, load_tokens
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError
 
 Tokenizer = CharTokenizer | BPETokenizer
@@ -253,3 +253,17 @@ def evaluate_file(
     result.unknown_dropped = dropped
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def validation_part(ck) -> tuple[np.ndarray | None, str | None]:
+    """(the validation tokens of the corpus a run was trained on, by the trainer's own split, None) while that
+    file is still there and unchanged; else (None, why not), for the caller's message."""
+    corpus = ck.saved.corpus
+    if corpus is None or not corpus.path:
+        return None, "its checkpoint does not record where its corpus was"
+    if not os.path.isfile(corpus.path):
+        return None, f"it was trained on {corpus.path}, which is no longer there"
+    if corpus_sha256(corpus.path) != corpus.sha256:
+        return None, f"it was trained on {corpus.path}, which has changed since (another sha256)"
+    tokens = load_tokens(encode_corpus(corpus.path, ck.tokenizer, sha256=corpus.sha256))
+    return Batches(tokens, ck.model_config.context, ck.train_config.val_fraction).val, None

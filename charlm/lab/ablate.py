@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import ConfigError
-from charlm.data import Batches, corpus_sha256, encode_corpus, load_tokens
+from charlm.evaluate import validation_part
 from charlm.lab.common import TARGETS, Chart, Clock, LabResult, load_run, record
 from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
 
@@ -61,18 +61,13 @@ def _ids(ck, text: str | None, max_chars: int) -> Scored:
             if len(mask) == len(ids) and mask.dtype == bool and starts:
                 return Scored(ids, f"{kept} (the characters its task determines)", mask, starts)
         return Scored(ids, str(kept))
-    corpus = ck.saved.corpus
-    if corpus is None or not corpus.path:
-        why = "it has no corpus.txt (only lab runs keep theirs) and does not record where its corpus was"
-    elif not Path(corpus.path).is_file():
-        why = f"it was trained on {corpus.path}, which is no longer there"
-    elif corpus_sha256(corpus.path) != corpus.sha256:
-        why = f"it was trained on {corpus.path}, which has changed since (another sha256)"
-    else:
-        tokens = load_tokens(encode_corpus(corpus.path, ck.tokenizer, sha256=corpus.sha256))
-        val = Batches(tokens, ck.model_config.context, ck.train_config.val_fraction).val
+    val, why = validation_part(ck)
+    if why is None:
+        corpus = ck.saved.corpus
         n = max(2, int(max_chars / corpus.chars_per_token))
         return Scored([int(i) for i in val[:n]], f"{corpus.path} (its validation part)")
+    if why.startswith("its checkpoint "):  # and no corpus.txt beside it
+        why = "it has no corpus.txt (only lab runs keep theirs) and " + why.removeprefix("its checkpoint ")
     raise ConfigError(f"no text to score {ck.path.parent}: {why}; give a text with --text FILE")
 
 
