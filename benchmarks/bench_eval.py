@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from charlm.runtime import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpora" / "tinyshakespeare.txt"
@@ -35,16 +36,6 @@ t0 = time.perf_counter()
 r = evaluate_file(ck.model, ck.tokenizer, sys.argv[2])
 print(json.dumps({"tokens": r.tokens, "seconds": time.perf_counter() - t0, "bpc": r.bits_per_char}))
 """
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def train_run(where: Path) -> Path:

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pexpect
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_eval import cpu_name  # noqa: E402
+from charlm.runtime import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpora" / "tinyshakespeare.txt"
