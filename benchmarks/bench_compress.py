@@ -31,8 +31,8 @@ import torch
 from charlm import checkpoint
 from charlm.commands.compress import compress
 from charlm.compress import compare_to, load_seconds, log_probs, scored_text, tokens_per_s
-from charlm.config import CompressOptions
 from charlm.data import Batches, bits_per_char, encode_corpus, load_tokens
+from charlm.options import CompressOptions
 
 STUDENT = ["--layers", "2", "--d-model", "64"]
 

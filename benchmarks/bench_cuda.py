@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from charlm import checkpoint
-from charlm.config import ModelConfig, TrainConfig, preset
+from charlm.config import ModelConfig, TrainConfig
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
+from charlm.presets import preset
 from charlm.tokenizer import CharTokenizer
 from charlm.train import Stepped, Trainer
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from charlm import checkpoint
-from charlm.config import train_configs
 from charlm.explore_app import ExploreApp, TextPane
 from charlm.models import build_model
+from charlm.presets import train_configs
 from charlm.runtime import cpu_name
 from charlm.tokenizer import CharTokenizer
 

@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nanogpt_reference as nanogpt
 
 from charlm import checkpoint
-from charlm.config import ModelConfig, preset
+from charlm.config import ModelConfig
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
+from charlm.presets import preset
 from charlm.runtime import cpu_name
 from charlm.tokenizer import CharTokenizer
 

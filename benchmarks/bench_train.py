@@ -44,11 +44,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nanogpt_reference as nanogpt
 
-from charlm.config import MODEL_KEYS, ModelConfig, TrainConfig, preset
+from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
 from charlm.evaluate import evaluate_ids
 from charlm.models import build_model
 from charlm.optim import make_optimizer
+from charlm.presets import MODEL_KEYS, preset
 from charlm.train import Stepped, Trainer, autocast_dtype
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"

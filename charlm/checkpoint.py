@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from charlm import files
-from charlm.config import ConfigError, ModelConfig, TrainConfig, shown
-from charlm.errors import UserError
+from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError, UserError
 from charlm.models import build_model, param_shapes
+from charlm.settings import shown
 from charlm.tokenizer import tokenizer_from_json
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import NoReturn
 import click
 from click.core import ParameterSource
 
-from charlm import config, runs
+from charlm import config, errors, options, presets, runs, settings
 from charlm.commands import failure, user_errors
 from charlm.flags import CharlmCommand, config_options, from_flags
 from charlm.views.text import (
@@ -165,24 +165,24 @@ def positional_prompt(text: str | None, flags: dict) -> dict:
     if text is None:
         return flags
     if flags.get("prompt") is not None or flags.get("prompt_file") is not None:
-        raise config.ConfigError("give the text once: as an argument, or with --prompt/--prompt-file")
+        raise errors.ConfigError("give the text once: as an argument, or with --prompt/--prompt-file")
     return {**flags, "prompt": text}
 
 
 @command(
     config.ModelConfig,
     config.TrainConfig,
-    config.TrainOptions,
+    options.TrainOptions,
     args=[path_argument("corpus")],
-    notes=("Presets (a size flag you give wins over the preset)", config.describe_presets),
+    notes=("Presets (a size flag you give wins over the preset)", presets.describe_presets),
 )
 @click.pass_context
 def train(ctx, corpus, **flags):
     """Train a language model on CORPUS (a UTF-8 text file).
 
     Several processes: charlm train CORPUS --nproc N, or torchrun --nproc-per-node N -m charlm train CORPUS."""
-    opts = from_flags(config.TrainOptions, flags)
-    model_cfg, train_cfg = config.train_configs(opts.preset or "tiny", flags)  # checked before torch loads
+    opts = from_flags(options.TrainOptions, flags)
+    model_cfg, train_cfg = presets.train_configs(opts.preset or "tiny", flags)  # checked before torch loads
     from charlm.commands.train import exec_process, resume_command
     from charlm.commands.train import train as run
     from charlm.runtime import pick_device
@@ -190,7 +190,7 @@ def train(ctx, corpus, **flags):
     from charlm.views.progress import TrainView
 
     if opts.preset is None and pick_device(train_cfg.device) == "cuda":
-        model_cfg, train_cfg = config.train_configs("small", flags)
+        model_cfg, train_cfg = presets.train_configs("small", flags)
 
     def launch(cmd: list[str]) -> NoReturn:
         err_console().print(safe(f"launching: {shlex.join(cmd)}", "dim"), soft_wrap=True)
@@ -227,14 +227,14 @@ def ignored_flags(typed: set[str], kind: str, tokenizer: str) -> list[str]:
         for f in fields(cls):
             only = f.metadata.get("applies_to")
             if only and only != run_is and f.name in typed:
-                notes.append(f"--{config.flag_name(f)} applies to {only} runs only: ignored for this {run_is} run")
+                notes.append(f"--{settings.flag_name(f)} applies to {only} runs only: ignored for this {run_is} run")
     return notes
 
 
 @command(
-    config.PromptOptions,
+    options.PromptOptions,
     config.SampleConfig,
-    config.SampleOptions,
+    options.SampleOptions,
     args=[path_argument("ckpt"), PROMPT_ARGUMENT],
     defaults={"max_tokens": 500},
     json=True,
@@ -244,7 +244,7 @@ def sample(ckpt, text, as_json, **flags):
     stdout (ready for pipes). The prompt: PROMPT, --prompt, --prompt-file or stdin."""
     flags = positional_prompt(text, flags)
     where, settings, opts = (
-        from_flags(c, flags) for c in (config.PromptOptions, config.SampleConfig, config.SampleOptions)
+        from_flags(c, flags) for c in (options.PromptOptions, config.SampleConfig, options.SampleOptions)
     )
     with Loading(f"loading {ckpt}"):
         from charlm.commands.generate import read_prompt
@@ -266,10 +266,10 @@ def sample(ckpt, text, as_json, **flags):
         click.echo(json.dumps(stats), err=True)
 
 
-@command(config.SampleConfig, config.ChatOptions, args=[path_argument("ckpt")], defaults={"max_tokens": 200})
+@command(config.SampleConfig, options.ChatOptions, args=[path_argument("ckpt")], defaults={"max_tokens": 200})
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
-    settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.ChatOptions, flags)
+    settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.ChatOptions, flags)
     with keys_unechoed():  # keys typed while it loads wait for the prompt, never above the banner
         with Loading(f"loading {ckpt}"):
             from charlm.commands.chat import open_chat
@@ -282,7 +282,7 @@ def chat(ckpt, **flags):
 def _look(cls, ckpt, text, flags):
     """(checkpoint, its tokens of the text, view options, console, screen) for attn and gates."""
     flags = positional_prompt(text, flags)
-    view, where = from_flags(cls, flags), from_flags(config.LookOptions, flags)
+    view, where = from_flags(cls, flags), from_flags(options.LookOptions, flags)
     with Loading(f"loading {ckpt}"):
         from charlm.commands.look import load_text
         from charlm.views.heatmap import Screen
@@ -292,11 +292,11 @@ def _look(cls, ckpt, text, flags):
     return ck, ids, view, console, Screen.of(console, view.ascii, flags=True)
 
 
-@command(config.LookOptions, config.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+@command(options.LookOptions, options.AttnConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
 def attn(ckpt, text, as_json, **flags):
     """Show a transformer's attention on a text (PROMPT, --prompt, --prompt-file or stdin) as terminal heat maps (by
     default: the last layer, mean over heads)."""
-    ck, ids, view, console, screen = _look(config.AttnConfig, ckpt, text, flags)
+    ck, ids, view, console, screen = _look(options.AttnConfig, ckpt, text, flags)
     from charlm.commands.look import attention, attention_summary
     from charlm.views.attention import draw_attention
 
@@ -305,11 +305,11 @@ def attn(ckpt, text, as_json, **flags):
     draw_attention(console, ck.tokenizer, attention(ck.model, ck.tokenizer, ids, view), view, screen)
 
 
-@command(config.LookOptions, config.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
+@command(options.LookOptions, options.GatesConfig, args=[path_argument("ckpt"), PROMPT_ARGUMENT], json=True)
 def gates(ckpt, text, as_json, **flags):
     """Show an LSTM's forget/input/output gates (a GRU's update/reset gates) and its cell state over a text
     (PROMPT, --prompt, --prompt-file or stdin)."""
-    ck, ids, view, console, screen = _look(config.GatesConfig, ckpt, text, flags)
+    ck, ids, view, console, screen = _look(options.GatesConfig, ckpt, text, flags)
     from charlm.commands.look import gates as trace
     from charlm.commands.look import gates_summary
     from charlm.views.gates import draw_gates, units_that_fit
@@ -322,12 +322,12 @@ def gates(ckpt, text, as_json, **flags):
     draw_gates(console, ck.tokenizer, trace(ck.model, ids, view, fits), view, screen)
 
 
-@command(config.ExploreOptions, args=[path_argument("ckpt"), click.Argument(["text"], required=False)])
+@command(options.ExploreOptions, args=[path_argument("ckpt"), click.Argument(["text"], required=False)])
 def explore(ckpt, text, **flags):
     """Walk through TEXT with CKPT in a full-screen app: each token's attention, head by head (a Transformer),
     or each unit's gates (an LSTM/GRU), its predictions and surprisal; knock a head out and see the loss rise
     (? inside lists the keys)."""
-    opts = from_flags(config.ExploreOptions, flags)
+    opts = from_flags(options.ExploreOptions, flags)
     from charlm.commands.explore import load
     from charlm.explore_app import explore as run_app
 
@@ -335,7 +335,7 @@ def explore(ckpt, text, **flags):
 
 
 @command(
-    config.EvalOptions,
+    options.EvalOptions,
     name="eval",
     args=[path_argument("ckpt"), path_argument("file")],
     json=True,
@@ -343,7 +343,7 @@ def explore(ckpt, text, **flags):
 def eval_(ckpt, file, as_json, **flags):
     """Loss, perplexity and bits per character of CKPT on any text FILE. Bits per byte too, over the whole
     file: the Transformer reads it in overlapping windows of its context, an LSTM/GRU in one pass."""
-    opts = from_flags(config.EvalOptions, flags)
+    opts = from_flags(options.EvalOptions, flags)
     with Loading(f"loading {ckpt}") as loading:
         from charlm.commands.evaluate import evaluate
         from charlm.views.eval import EvalProgress, render_eval
@@ -354,7 +354,7 @@ def eval_(ckpt, file, as_json, **flags):
 
 
 @command(
-    config.CompareOptions,
+    options.CompareOptions,
     config.SampleConfig,
     defaults={"max_tokens": 200},
     args=[path_argument("ckpts", nargs=-1, required=True)],
@@ -362,9 +362,9 @@ def eval_(ckpt, file, as_json, **flags):
 )
 def compare(ckpts, as_json, **flags):
     """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
-    settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.CompareOptions, flags)
+    settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.CompareOptions, flags)
     if as_json and opts.interactive:
-        raise config.ConfigError("--json prints one run: drop --interactive or --json")
+        raise errors.ConfigError("--json prints one run: drop --interactive or --json")
     with Loading(f"loading {len(ckpts)} models"):
         from charlm.commands.compare import CompareSession
         from charlm.commands.compare import compare as load
@@ -385,11 +385,11 @@ def compare(ckpts, as_json, **flags):
         view.show(opts.prompt)
 
 
-@command(config.CompressOptions, args=[path_argument("ckpt")], json=True)
+@command(options.CompressOptions, args=[path_argument("ckpt")], json=True)
 def compress(ckpt, as_json, **flags):
     """A smaller run from CKPT (int8/int4 weights, heads or units dropped) that every command opens, measured
     before → after on the run's validation text; --report: every method at a few settings, one table."""
-    opts = from_flags(config.CompressOptions, flags)
+    opts = from_flags(options.CompressOptions, flags)
     from charlm.commands import compress as run
     from charlm.views.compress import render_compressed, render_report
 
@@ -437,7 +437,7 @@ def runs_(directory, as_json):
 
 
 @command(
-    config.PlotConfig,
+    options.PlotConfig,
     args=[path_argument("run_dirs", metavar="RUN...", nargs=-1, required=True)],
     json=True,
 )
@@ -446,7 +446,7 @@ def plot(run_dirs, as_json, **flags):
     from charlm.commands.runs import curves
     from charlm.views.runs import print_chart
 
-    opts, notes = from_flags(config.PlotConfig, flags), []
+    opts, notes = from_flags(options.PlotConfig, flags), []
     found = curves(list(run_dirs), notes=notes)
     print_notes(notes)
     if as_json:
@@ -456,7 +456,7 @@ def plot(run_dirs, as_json, **flags):
 
 
 @command(
-    config.LabConfig,
+    options.LabConfig,
     args=[click.Argument(["name"], required=False), path_argument("ckpt", required=False)],
     json=True,
 )
@@ -472,7 +472,7 @@ def lab(name, ckpt, as_json, **flags):
     from charlm.lab import EXPERIMENTS, run_experiment
     from charlm.views.lab import render_lab, render_list
 
-    console, settings = out_console(), from_flags(config.LabConfig, flags)
+    console, settings = out_console(), from_flags(options.LabConfig, flags)
     if name is None:
         return render_list(console, EXPERIMENTS)
     # the progress line lives on stderr and goes away when the experiment ends (none with --json)

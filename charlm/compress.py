@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 from charlm import checkpoint
 from charlm.checkpoint import Saved
-from charlm.config import ConfigError, ModelConfig, SampleConfig
+from charlm.config import ModelConfig, SampleConfig
+from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
-from charlm.models import param_count
+from charlm.models import config_params
 
 BATCH_ROWS = 16  # windows scored at once
 
@@ -257,7 +258,7 @@ def build(
         model=model,
         quantized=quantized,
         compressed={"from": str(ck.path), "bits": bits, **what},
-        params=param_count(cfg),
+        params=config_params(cfg),
         best_val_loss=loss,
         best_val_bpc=bpc,
         metrics=None,

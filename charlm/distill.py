@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from charlm import checkpoint
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError
 
 
 class Teacher:

@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 
 # Long enough for rank 0 to encode a large corpus while the others wait, finite so a hang ends.
 TIMEOUT = timedelta(minutes=30)

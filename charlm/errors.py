@@ -5,3 +5,11 @@ error subclasses it, and nothing else has to list it."""
 
 class UserError(Exception):
     pass
+
+
+class ConfigError(UserError, ValueError):
+    """A setting that cannot work, with a message that says what to change."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used, with a message that says why."""

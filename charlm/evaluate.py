@@ -37,8 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm.config import UNKNOWN, ConfigError
+from charlm.config import UNKNOWN
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, encode_corpus, iter_corpus, load_tokens
+from charlm.errors import ConfigError
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError
 
 Tokenizer = CharTokenizer | BPETokenizer

@@ -25,7 +25,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from charlm.commands import explore as ex
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.heatmap import HEAT_STOPS, NEG_STOPS, POS_STOPS, SIGNED_RAMPS, UNICODE_RAMP, token_label
 from charlm.views.text import safe_text

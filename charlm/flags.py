@@ -1,4 +1,4 @@
-"""Command-line flags from config fields, and back: each field's config.flag() (name, default, help, choices,
+"""Command-line flags from config fields, and back: each field's settings.flag() (name, default, help, choices,
 its --help section) becomes a Click option (config_options), the values typed become the validated config
 (from_flags); a command's --help lists its options in those sections, then notes and examples
 (CharlmCommand). cli.py builds every command from these; nothing here knows a command."""
@@ -11,8 +11,7 @@ from pathlib import Path
 import click
 from click import _textwrap as click_textwrap
 
-from charlm import config
-from charlm.config import flag_fields, flag_name
+from charlm.settings import flag_fields, flag_name, from_text
 
 
 def examples(command: str) -> list[tuple[str, str]]:
@@ -60,8 +59,8 @@ click_textwrap.TextWrapper.wordsep_re = click_textwrap.TextWrapper.wordsep_simpl
 
 
 def config_options(cls, defaults: dict | None = None) -> list[click.Option]:
-    """The Click options generated from a config dataclass's fields (config.flag): name, default, help, choices and
-    --help section are written once, in config.py. `defaults` overrides a default for one command (chat's
+    """The Click options generated from a config dataclass's fields (settings.flag): name, default, help, choices and
+    --help section are written once, on the field. `defaults` overrides a default for one command (chat's
     shorter --max-tokens). Values typed as text (a duration) reach the command as text: from_flags reads them."""
     options = []
     for f in flag_fields(cls):
@@ -94,9 +93,9 @@ def from_flags(cls, values: dict):
     for f in flag_fields(cls):
         value = values.get(f.name)
         if isinstance(value, tuple):  # a repeatable flag
-            value = [config.from_text(f, v) for v in value]
+            value = [from_text(f, v) for v in value]
         elif isinstance(value, str) and f.metadata["parse"]:
-            value = config.from_text(f, value)
+            value = from_text(f, value)
         if value is not None:
             picked[f.name] = value
     return cls(**picked).validate()

@@ -8,7 +8,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError
 
 STATE_BYTES = 16  # per parameter: fp32 weight, gradient, and the optimizer's two moments
 LOGIT_BYTES = 12  # per position and vocabulary entry: logits, their softmax and its gradient
@@ -18,13 +19,13 @@ CHAR_VOCAB_GUESS = 256  # a char run's vocabulary is known only once the corpus 
 def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
     """(bytes of weights and optimizer state, bytes of activations) one training process needs: the
     parameters counted from the model's shapes, the activations from its family's bytes per position."""
-    from charlm.models import family, param_count  # (torch: only a training run gets here)
+    from charlm.models import family, config_params  # (torch: only a training run gets here)
 
     vocab = m.vocab_size or (t.vocab_size if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
     m = replace(m, vocab_size=vocab)
     positions = t.batch_size * m.context
     activations = positions * (m.d_model * m.n_layers * family(m.kind).ACTIVATION_BYTES + vocab * LOGIT_BYTES)
-    return param_count(m) * STATE_BYTES, activations
+    return config_params(m) * STATE_BYTES, activations
 
 
 CGROUP = Path("/sys/fs/cgroup")  # where a container's memory limit is read (cgroup v2, or v1's memory/)

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 import torch
 
-from charlm.config import ConfigError, TrainConfig
+from charlm.config import TrainConfig
+from charlm.errors import ConfigError
 from charlm.runtime import autocast_dtype
 
 

@@ -1,6 +1,6 @@
 """Run directories: where a new run goes, which run `--resume` continues, the lock that keeps a second
 training out of a directory in use, THE rule for what a resumed run may change, and what runs there are
-(`charlm runs`, `charlm plot`). The rule is read from the config fields (config.flag(resumable=...)), so a
+(`charlm runs`, `charlm plot`). The rule is read from the config fields (settings.flag(resumable=...)), so a
 new setting states whether it may change on resume where it is defined."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from charlm import files
-from charlm.config import ConfigError, ModelConfig, TrainConfig, flag_name
+from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError
+from charlm.settings import flag_name
 
 RUNS = Path("checkpoints")
 

@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 
 
 def pick_device(name: str) -> str:

@@ -32,13 +32,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from charlm import checkpoint, distributed, files, runs
 from charlm.checkpoint import Corpus, Saved
-from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig, shown
+from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
-from charlm.errors import UserError
+from charlm.errors import ConfigError, UserError
 from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.optim import make_optimizer
 from charlm.runtime import autocast_dtype, pick_device
+from charlm.settings import shown
 from charlm.tokenizer import tokenizer_from_json
 
 # ---- events -------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from charlm import checkpoint
 from charlm.cli import main
 from charlm.commands.chat import parse_words
 from charlm.commands.look import attention
-from charlm.config import AttnConfig, ConfigError, ModelConfig
+from charlm.config import ModelConfig
+from charlm.errors import ConfigError
 from charlm.models import build_model
 from charlm.models.probes import head_stats
+from charlm.options import AttnConfig
 from charlm.tokenizer import BPETokenizer, CharTokenizer
 from charlm.views.attention import MAX_CELL, draw_attention, map_lines
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, Screen, shade_index, token_label

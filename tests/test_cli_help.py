@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from charlm.cli import main
-from charlm.config import PRESET_TABLE
+from charlm.presets import PRESET_TABLE
 
 COMMANDS = sorted(main.commands)
 

@@ -16,10 +16,10 @@ import torch
 from charlm import checkpoint
 from charlm.commands.compress import compress
 from charlm.compress import _gate_rows, drop_units, log_probs, scored_text, unit_importance
-from charlm.config import CompressOptions
 from charlm.data import bits_per_char
 from charlm.lab.ablate import _nats, head_knockouts
 from charlm.models import build_model
+from charlm.options import CompressOptions
 from tests.conftest import cli, one_line_error
 
 
@@ -285,7 +285,8 @@ def test_an_alibi_model_keeps_its_heads():
     import numpy as np
 
     from charlm.compress import drop_heads
-    from charlm.config import ConfigError, ModelConfig
+    from charlm.config import ModelConfig
+    from charlm.errors import ConfigError
 
     cfg = ModelConfig(
         kind="transformer", vocab_size=11, n_layers=1, d_model=16, n_heads=4, context=8, positions="alibi"

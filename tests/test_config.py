@@ -10,16 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from charlm.cli import main
-from charlm.config import (
-    PRESET_TABLE,
-    ConfigError,
-    LabConfig,
-    ModelConfig,
-    PlotConfig,
-    SampleConfig,
-    TrainConfig,
-    flag_name,
-)
+from charlm.config import ModelConfig, SampleConfig, TrainConfig
+from charlm.errors import ConfigError
+from charlm.options import LabConfig, PlotConfig
+from charlm.presets import PRESET_TABLE
+from charlm.settings import flag_name
 
 # fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
 INTERNAL = {

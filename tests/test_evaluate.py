@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from conftest import cli, one_line_error
 
-from charlm.config import ConfigError, ModelConfig
+from charlm.config import ModelConfig
 from charlm.data import CorpusError
+from charlm.errors import ConfigError
 from charlm.evaluate import evaluate_file, evaluate_ids, token_nats
 from charlm.models import build_model
 from charlm.tokenizer import BPETokenizer, CharTokenizer

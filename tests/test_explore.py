@@ -23,10 +23,11 @@ import torch
 from charlm import checkpoint
 from charlm.commands import explore as ex
 from charlm.commands.look import gates as trace_gates_view
-from charlm.config import GatesConfig, ModelConfig
+from charlm.config import ModelConfig
 from charlm.lab import ablate, heads
 from charlm.models import build_model
 from charlm.models.probes import capture_attention
+from charlm.options import GatesConfig
 from charlm.tokenizer import CharTokenizer
 from tests.conftest import VIEW_TEXT, cli, one_line_error
 

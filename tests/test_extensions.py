@@ -156,18 +156,18 @@ class CountOptions:
     text: str = flag("", "The text to count.", short="p")
 
     def validate(self) -> CountOptions:
-        _check_types(self)
-        _check(len(self.text) <= 1000, "--text takes at most 1,000 characters")
+        check_types(self)
+        check(len(self.text) <= 1000, "--text takes at most 1,000 characters")
         return self
 
 '''
 
-COUNT_COMMAND = '''@command(config.CountOptions, args=[path_argument("ckpt")], json=True)
+COUNT_COMMAND = '''@command(options.CountOptions, args=[path_argument("ckpt")], json=True)
 def count(ckpt, as_json, **flags):
     """Count the characters of a text that CKPT's tokenizer knows."""
     from charlm.commands.count import count as run
 
-    result = run(ckpt, from_flags(config.CountOptions, flags))
+    result = run(ckpt, from_flags(options.CountOptions, flags))
     print_json(result) if as_json else out_console().print(safe(f"{result['known']} of {result['of']} known"))
 
 
@@ -177,21 +177,22 @@ def count(ckpt, as_json, **flags):
 SIZES = "dict(n_layers=1, d_model=16, context=32, dropout=0.0, batch_size=8, lr=1e-2)"
 CHANGES = {  # file -> (anchor, what is inserted after it): the four changes, each in the files the document names
     "config.py": [
-        # a model family: its class and its presets
+        # a model family: its class
         ('    "gru": "charlm.models.rnn.RNN",\n', '    "bigram": "charlm.models.bigram.Bigram",\n'),
-        (
-            'PRESET_TABLE["gru"] = PRESET_TABLE["lstm"]\n',
-            f'PRESET_TABLE["bigram"] = {{"tiny": {SIZES}, "small": {SIZES}, "medium": {SIZES}}}\n',
-        ),
         # a sampling option: its field
         (
             '    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.", example="1.2")\n',
             '    min_p: float = flag(0.0, "Drop tokens below this share of the best one\'s probability.",'
             ' example="0.1")\n',
         ),
-        # a command: its options
-        ('        _check_paths(self, "eval_file")\n        return self\n', COUNT_OPTIONS),
     ],
+    "presets.py": [  # a model family: its presets
+        (
+            'PRESET_TABLE["gru"] = PRESET_TABLE["lstm"]\n',
+            f'PRESET_TABLE["bigram"] = {{"tiny": {SIZES}, "small": {SIZES}, "medium": {SIZES}}}\n',
+        ),
+    ],
+    "options.py": [('        check_paths(self, "eval_file")\n        return self\n', COUNT_OPTIONS)],  # a command: its options
     "models/shapes.py": [  # a model family: its state dict
         (
             "Shapes = dict[str, tuple[int, ...]]\n",
@@ -290,7 +291,7 @@ def test_every_registered_family_honours_the_contract_models_init_writes(kind):
     """Each name in models/__init__.py's contract, on a tiny model of every family config.FAMILIES lists."""
     import torch
 
-    from charlm.models import build_model, count_params, param_count, param_shapes
+    from charlm.models import build_model, count_params, config_params, param_shapes
 
     cfg = ModelConfig(kind=kind, vocab_size=11, n_layers=1, d_model=16, n_heads=2, context=8)
     model = build_model(cfg)
@@ -299,7 +300,7 @@ def test_every_registered_family_honours_the_contract_models_init_writes(kind):
     assert isinstance(model.ACTIVATION_BYTES, (int, float)) and model.ACTIVATION_BYTES > 0
     assert all(p.dim() == 2 for p in model.hidden_matrices())
     assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == param_shapes(cfg)
-    assert count_params(model) == param_count(cfg)
+    assert count_params(model) == config_params(cfg)
     idx = torch.randint(0, 11, (2, 8))
     targets = idx.clone()
     targets[:, :3] = -1

@@ -18,9 +18,11 @@ from rich.console import Console
 from charlm.cli import main
 from charlm.commands.chat import parse_words
 from charlm.commands.look import gates
-from charlm.config import ConfigError, GatesConfig, ModelConfig, parse_units
+from charlm.config import ModelConfig
+from charlm.errors import ConfigError
 from charlm.models import build_model
 from charlm.models.probes import LayerTrace, choose_units, trace_model, trace_rnn
+from charlm.options import GatesConfig, parse_units
 from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import draw_gates, fitting_units
 from charlm.views.gates import panels as gate_panels

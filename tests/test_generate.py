@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from charlm.config import ConfigError, ModelConfig
+from charlm.config import ModelConfig
+from charlm.errors import ConfigError
 from charlm.generate import SampleConfig, Streamer, Utf8Stream, sample_next_token, sampling_probs
 from charlm.models import build_model
 from charlm.models.fast_decode import FastDecoder

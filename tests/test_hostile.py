@@ -329,11 +329,11 @@ def test_the_memory_estimate_names_what_to_change(corpus, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
 def test_the_parameter_count_without_a_model_is_the_real_count(kind):
-    from charlm.models import count_params, param_count
+    from charlm.models import count_params, config_params
 
     for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
         cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)
-        assert param_count(cfg) == count_params(build_model(cfg)), cfg
+        assert config_params(cfg) == count_params(build_model(cfg)), cfg
 
 
 def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():

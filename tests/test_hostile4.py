@@ -19,7 +19,8 @@ import pytest
 from conftest import CITIZENS, TINY, cli, one_line_error
 
 from charlm import checkpoint
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError
 
 
 @pytest.fixture

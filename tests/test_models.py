@@ -9,10 +9,13 @@ import pytest
 import torch
 from conftest import saved_model
 
-from charlm.config import POSITIONS, ConfigError, ModelConfig, TrainConfig, parse_duration, preset
+from charlm.config import POSITIONS, ModelConfig, TrainConfig
+from charlm.errors import ConfigError
 from charlm.models import build_model, count_params, param_shapes
 from charlm.models.rnn import RNN
 from charlm.models.transformer import Transformer
+from charlm.presets import preset
+from charlm.settings import parse_duration
 from charlm.tokenizer import CharTokenizer
 
 V, B, T = 23, 2, 12
@@ -53,14 +56,14 @@ def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
     """ModelConfig.tied=False (the lab's recall and copy models): the head is a matrix of its own, in the
     shapes a checkpoint is checked against, in the count, and through a save and load (fast decode included)."""
     from charlm import checkpoint
-    from charlm.models import param_count
+    from charlm.models import config_params
 
     tied = ModelConfig("transformer", V, 2, 16, 2, T)
     cfg = ModelConfig("transformer", V, 2, 16, 2, T, tied=False)
     model = build_model(cfg)
     assert model.head.weight.data_ptr() != model.tok_emb.weight.data_ptr()
     assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    assert param_count(cfg) == count_params(model) == param_count(tied) + V * 16
+    assert config_params(cfg) == count_params(model) == config_params(tied) + V * 16
     saved = saved_model(model, "".join(chr(97 + i) for i in range(V)), run_name="u")
     checkpoint.save(saved, tmp_path / "u" / "last.pt")
     back = checkpoint.load(tmp_path / "u" / "last.pt").model
@@ -70,8 +73,9 @@ def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
 
 
 def test_every_family_is_registered_everywhere():
-    from charlm.config import FAMILIES, PRESET_TABLE
+    from charlm.config import FAMILIES
     from charlm.models import family, shapes
+    from charlm.presets import PRESET_TABLE
 
     assert set(FAMILIES) == set(shapes.SHAPES) == set(PRESET_TABLE)
     for kind in FAMILIES:

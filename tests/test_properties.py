@@ -29,7 +29,8 @@ from rich.console import Console
 from charlm import checkpoint, runs
 from charlm.checkpoint import CheckpointError, Saved
 from charlm.commands.chat import Chat, Hint, Session
-from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
+from charlm.config import ModelConfig, SampleConfig, TrainConfig
+from charlm.errors import ConfigError
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, param_shapes
 from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json

@@ -11,8 +11,8 @@ import pexpect
 from conftest import strip_ansi
 
 from charlm import checkpoint
-from charlm.config import unescape
 from charlm.generate import SampleConfig, Streamer
+from charlm.settings import unescape
 from charlm.views.text import safe_text
 
 MEMORISED = "But soft, what light through yonder window breaks?"

@@ -20,7 +20,8 @@ from rich.console import Console
 
 from charlm import checkpoint, runs
 from charlm.cli import main
-from charlm.config import ModelConfig, parse_duration
+from charlm.config import ModelConfig
+from charlm.settings import parse_duration
 from charlm.train import Phase, Trainer
 from charlm.views.progress import TrainView
 from charlm.views.runs import age, duration, render_runs

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 from charlm.generate import SampleConfig, Streamer
 
 MEMORISED = "But soft, what light through yonder window breaks?\n"
@@ -166,7 +166,7 @@ def test_a_terminal_sees_escapes_as_harmless_text(gen_runs, tmp_path):
 def test_sample_is_a_plain_function_whose_options_are_the_flags(gen_runs):
     """commands.generate.sample from Python, with the configs the flags fill: the same samples as the CLI."""
     from charlm.commands.generate import sample
-    from charlm.config import SampleOptions
+    from charlm.options import SampleOptions
 
     settings, opts = SampleConfig(max_tokens=30, seed=7), SampleOptions(num_samples=2, no_cache=True)
     texts = [c.prompt + "".join(c.pieces) for c in sample(gen_runs["tf"], "ROMEO:", settings, opts)]

@@ -113,7 +113,7 @@ def test_the_eval_bar_says_time_left_from_measured_speed_not_the_warm_up(monkeyp
 
 
 def test_durations_read_back_every_way_charlm_writes_them():
-    from charlm.config import parse_duration
+    from charlm.settings import parse_duration
     from charlm.views.text import duration
 
     for seconds in (0.4, 9.7, 45, 124, 3900):
@@ -397,7 +397,7 @@ def test_attn_says_when_a_rows_largest_weight_is_left_of_the_window(view_runs):
     """Found: a row shaded against a maximum outside the visible window looked faint, and nothing said why."""
     from charlm import checkpoint
     from charlm.commands.look import attention
-    from charlm.config import AttnConfig
+    from charlm.options import AttnConfig
     from charlm.views.attention import map_lines
     from charlm.views.heatmap import Screen
 

@@ -15,8 +15,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from charlm import checkpoint, files
 from charlm.checkpoint import CheckpointError
-from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
+from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
+from charlm.errors import ConfigError
 from charlm.generate import Streamer
 from charlm.train import Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at
 

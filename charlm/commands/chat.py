@@ -30,20 +30,14 @@ from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint, CheckpointError
 from charlm.commands import look
 from charlm.commands.runs import model_path
-from charlm.config import (
-    NONE_WORDS,
-    AttnConfig,
-    ChatOptions,
-    ConfigError,
-    GatesConfig,
-    SampleConfig,
-    flag_fields,
-    from_text,
-)
+from charlm.config import SampleConfig
 from charlm.data import cache_dir
+from charlm.errors import ConfigError
 from charlm.generate import Streamer
 from charlm.models import count_params
+from charlm.options import AttnConfig, ChatOptions, GatesConfig
 from charlm.runtime import pick_device
+from charlm.settings import NONE_WORDS, flag_fields, from_text
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.attention import draw_attention
 from charlm.views.chat import StreamPrinter, print_banner, print_rows, status_line

@@ -6,7 +6,8 @@ from __future__ import annotations
 from charlm import checkpoint
 from charlm.commands.chat import LEAVE_HINT, Hint, Session
 from charlm.comparison import Comparison
-from charlm.config import ConfigError, SampleConfig
+from charlm.config import SampleConfig
+from charlm.errors import ConfigError
 from charlm.runtime import pick_device
 
 

@@ -25,9 +25,11 @@ from charlm.compress import (
     tokens_per_s,
     unit_importance,
 )
-from charlm.config import CompressOptions, ConfigError, ModelConfig
+from charlm.config import ModelConfig
 from charlm.data import bits_per_char
-from charlm.models import param_count
+from charlm.errors import ConfigError
+from charlm.models import config_params
+from charlm.options import CompressOptions
 
 # ---- the commands ----------------------------------------------------------------------------------------
 
@@ -114,7 +116,7 @@ class _Session:
         nats, top1, kl = compare_to(self.reference, log_probs(ck.model, self.text.rows), self.text.rows)
         bpc = bits_per_char(nats, self.text.chars_per_token)
         checkpoint.save(build(self.ck, to.name, bits, cfg, weights, what, (nats, bpc)), path)
-        params = param_count(cfg)
+        params = config_params(cfg)
         m = Measured(
             name, params, bits_per_weight(*weights, params), path.stat().st_size, bpc, top1, kl, tokens_per_s(ck)
         )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from charlm import checkpoint
 from charlm.checkpoint import Checkpoint
-from charlm.config import EvalOptions
 from charlm.evaluate import EvalResult, Progress, evaluate_file
+from charlm.options import EvalOptions
 from charlm.runtime import pick_device
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm.config import ConfigError, ExploreOptions
+from charlm.errors import ConfigError
 from charlm.lab.ablate import zero_units
 from charlm.lab.heads import role
 from charlm.models.probes import (
@@ -36,6 +36,7 @@ from charlm.models.probes import (
     trace_gates,
     trace_rnn,
 )
+from charlm.options import ExploreOptions
 
 MAX_TOKENS = (
     MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)

@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from charlm import checkpoint
-from charlm.config import ConfigError, PromptOptions, SampleConfig, SampleOptions
+from charlm.config import SampleConfig
+from charlm.errors import ConfigError
 from charlm.generate import Stats, Streamer
+from charlm.options import PromptOptions, SampleOptions
 from charlm.runtime import pick_device
 
 

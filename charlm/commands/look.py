@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 
-from charlm.config import AttnConfig, ConfigError, GatesConfig, LookOptions
+from charlm.errors import ConfigError
 from charlm.models.probes import (
     DEFAULT_UNITS,
     Attention,
@@ -16,6 +16,7 @@ from charlm.models.probes import (
     head_stats,
     trace_gates,
 )
+from charlm.options import AttnConfig, GatesConfig, LookOptions
 from charlm.views.heatmap import token_label
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from charlm import checkpoint, runs
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 
 
 def info(path: str | Path) -> dict:

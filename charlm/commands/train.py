@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from charlm import checkpoint, distributed, files, memory, runs
-from charlm.config import ConfigError, ModelConfig, TrainConfig
+from charlm.config import ModelConfig, TrainConfig
 from charlm.data import cache_dir
+from charlm.errors import ConfigError
 from charlm.runs import check_writable
 from charlm.runtime import cpu_name, pick_device
 from charlm.train import (

@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from charlm.config import ConfigError, LabConfig
+from charlm.errors import ConfigError
 from charlm.generate import one_thread
 from charlm.lab.common import LAB_DIR, LabResult
+from charlm.options import LabConfig
 
 __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
 

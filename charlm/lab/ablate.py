@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
 from charlm.lab.common import TARGETS, Chart, Clock, LabResult, load_run, record
 from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model

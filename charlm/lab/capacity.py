@@ -32,7 +32,7 @@ from charlm.lab.common import (
     spread,
     train_model,
 )
-from charlm.models import param_count
+from charlm.models import config_params
 
 DEFAULTS = dict(
     hidden=(16, 32, 64, 128),
@@ -62,7 +62,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         )
         for seed_ in seed_list:
             name = f"capacity-lstm-h{H}-s{seed_}"
-            progress(f"training {name} ({k}/{len(s['hidden'])}, seed {seed_}, {param_count(cfg):,} parameters)")
+            progress(f"training {name} ({k}/{len(s['hidden'])}, seed {seed_}, {config_params(cfg):,} parameters)")
             data = tasks.corpus("copy", tuple(range(1, s["longest"] + 1)), s["train_chars"], seed_ + H, heldout=True)
             cfg_train = lab_train_config(s["steps"], seed_, device, s["batch_size"], s["lr"])
             run_dir = train_model(data, out / name, cfg, cfg_train)

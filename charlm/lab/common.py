@@ -22,7 +22,7 @@ from charlm import checkpoint, files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.lab import tasks
 from charlm.lab.tasks import Example, TaskText
-from charlm.models import param_count
+from charlm.models import config_params
 from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
@@ -192,7 +192,7 @@ def load_run(run_dir: Path, device: str = "cpu") -> checkpoint.Checkpoint:
 
 def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
     """An LSTM/GRU with the transformer's layers and context whose width gives it about as many parameters."""
-    target = param_count(transformer)
+    target = config_params(transformer)
     best = None
     for d in range(8, 4 * transformer.d_model + 1, 4):
         cfg = ModelConfig(
@@ -202,7 +202,7 @@ def matched_rnn(transformer: ModelConfig, kind: str = "lstm") -> ModelConfig:
             d_model=d,
             context=transformer.context,
         )
-        gap = abs(param_count(cfg) - target)
+        gap = abs(config_params(cfg) - target)
         if best is None or gap < best[0]:
             best = (gap, cfg)
     return best[1]
@@ -289,7 +289,7 @@ def sweep(
         for seed in seeds:
             name = f"{task}-{kind}-s{seed}"
             progress(
-                f"training {name} ({k}/{len(FAMILIES)}, seed {seed}, {param_count(cfg):,} parameters, {steps} steps)"
+                f"training {name} ({k}/{len(FAMILIES)}, seed {seed}, {config_params(cfg):,} parameters, {steps} steps)"
             )
             t0 = clock()
             data = tasks.corpus(task, tuple(trained), s["train_chars"], seed + max(trained), pad=pad, heldout=True)
@@ -315,7 +315,7 @@ def sweep(
                     accuracy=values.pop("accuracy"),
                     **beside(n),
                     **values,
-                    params=param_count(configs[kind]),
+                    params=config_params(configs[kind]),
                     train_seconds=statistics.fmean(seconds[kind]),
                 )
             )

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import torch
 
-from charlm.config import ModelConfig, preset
+from charlm.config import ModelConfig
 from charlm.lab.common import Chart, Clock, LabResult, fit_exponent, record
-from charlm.models import build_model, param_count
+from charlm.models import build_model, config_params
+from charlm.presets import preset
 
 DEFAULTS = dict(
     contexts=(64, 128, 256, 512, 1024),
@@ -106,7 +107,7 @@ def run(out=None, seed: int = 0, device: str = "cpu", progress=print, **settings
     exps = exponents(records)
     details = {
         "exponents": exps,
-        "params": {k: param_count(c) for k, c in cfgs.items()},
+        "params": {k: config_params(c) for k, c in cfgs.items()},
         "threads": torch.get_num_threads(),
     }
     return LabResult(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 from charlm.lab.common import (
     Chart,
     Clock,

@@ -20,7 +20,7 @@ tests/test_extensions.py checks it for every registered family:
 
 and, beside the class: shapes.SHAPES[kind](cfg) gives {name: shape} of its state dict by arithmetic and
 without torch (a checkpoint is checked against it before anything is allocated; shapes.TIED where one tensor
-has two names), and config.PRESET_TABLE[kind] its sizes for each preset.
+has two names), and presets.PRESET_TABLE[kind] its sizes for each preset.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 from charlm.config import FAMILIES, ModelConfig
-from charlm.models.shapes import param_count, param_shapes
+from charlm.models.shapes import config_params, param_shapes
 
 if TYPE_CHECKING:  # importing this package loads no torch: a family's module loads when a model is built
     import torch.nn as nn
 
-__all__ = ["build_model", "count_params", "family", "param_count", "param_shapes"]
+__all__ = ["build_model", "count_params", "family", "config_params", "param_shapes"]
 
 
 def family(kind: str) -> type[nn.Module]:
@@ -49,5 +49,6 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 
 def count_params(model: nn.Module) -> int:
-    """Distinct parameters (a tied embedding counts once)."""
+    """The distinct parameters of a built model (a tied embedding counts once); config_params(cfg) gives the
+    same number from a config, without torch."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 
 MAX_GATE_TOKENS = 2048  # longer texts: the gates of the last ones (the Python loop is ~0.1 ms per step)
 

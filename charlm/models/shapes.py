@@ -57,7 +57,8 @@ def param_shapes(cfg: ModelConfig) -> Shapes:
     return SHAPES[cfg.kind](cfg)
 
 
-def param_count(cfg: ModelConfig) -> int:
-    """Distinct parameters (a tied embedding counts once)."""
+def config_params(cfg: ModelConfig) -> int:
+    """The distinct parameters of the model cfg describes, by arithmetic (a tied embedding counts once):
+    count_params(build_model(cfg)) without building it."""
     twice = tied(cfg)
     return sum(math.prod(shape) for name, shape in param_shapes(cfg).items() if name not in twice)

@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.config import AttnConfig, ConfigError
+from charlm.errors import ConfigError
+from charlm.options import AttnConfig
 from charlm.views.heatmap import (
     ASCII_PROSE,
     MAX_HEADER,

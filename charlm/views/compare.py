@@ -19,8 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.comparison import Comparison, Contestant
-from charlm.config import SampleConfig, flag_fields, flag_name
+from charlm.config import SampleConfig
 from charlm.models import count_params
+from charlm.settings import flag_fields, flag_name
 from charlm.views.text import duration, safe_text
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead

@@ -15,7 +15,7 @@ from rich.color import Color
 from rich.style import Style
 from rich.text import Text
 
-from charlm.config import ConfigError
+from charlm.errors import ConfigError
 from charlm.views.text import safe_text
 
 UNICODE_RAMP = " ·░▒▓█"

@@ -84,7 +84,7 @@ def render_copy_views(console: Console, details: dict, attention, gates, screen)
     """Why copy comes out as it does: the Transformer's copy head on one example (the offset diagonal), then
     the LSTM's gates on the same example, drawn by the attention and gate viewers. attention, gates:
     (tokenizer, commands.look.Attention / Gates) of the runs named in details, on its example."""
-    from charlm.config import AttnConfig, GatesConfig
+    from charlm.options import AttnConfig, GatesConfig
     from charlm.views.attention import draw_attention
     from charlm.views.gates import draw_gates
 
