@@ -69,10 +69,10 @@ class Target:
     def __init__(self, findings: Path, scratch: Path):
         from click.testing import CliRunner
 
-        from charlm import checkpoint
+        from charlm import checkpoint, errors
         from charlm.cli import main
 
-        self.checkpoint, self.main, self.runner = checkpoint, main, CliRunner()
+        self.checkpoint, self.errors, self.main, self.runner = checkpoint, errors, main, CliRunner()
         self.findings = findings
         self.dir = scratch / "runs"
         self.run = self.dir / "run"
@@ -84,7 +84,7 @@ class Target:
         self.file.write_bytes(data)
         try:
             self.checkpoint.read_header(self.file)
-        except self.checkpoint.CheckpointError as e:
+        except self.errors.CheckpointError as e:
             self._check_refusal(e, data)
             return
         except Exception as e:  # noqa: BLE001 - what the fuzzer is looking for
@@ -99,7 +99,7 @@ class Target:
             self._command(args, data)
         try:
             self.checkpoint.load(self.file)
-        except self.checkpoint.CheckpointError as e:  # torch.load and load_state_dict check more than the header
+        except self.errors.CheckpointError as e:  # torch.load and load_state_dict check more than the header
             self._check_refusal(e, data)
             return
         except Exception as e:  # noqa: BLE001
@@ -160,7 +160,7 @@ class ResumeTarget(Target):
         self.file.write_bytes(data)
         try:
             saved = self.checkpoint.read(self.file)
-        except self.checkpoint.CheckpointError as e:
+        except self.errors.CheckpointError as e:
             self._check_refusal(e, data)
             return
         except Exception as e:  # noqa: BLE001
@@ -300,9 +300,9 @@ def _mutate_inside(data: bytes, rng: random.Random) -> bytes | None:
 
 def decode(pkl: bytes):
     """data.pkl as the header reader sees it: plain values, tensors as TensorInfo."""
-    from charlm import checkpoint
+    from charlm.safe_pickle import HeaderUnpickler
 
-    return checkpoint._HeaderUnpickler(io.BytesIO(pkl)).load()
+    return HeaderUnpickler(io.BytesIO(pkl)).load()
 
 
 def encode(tree) -> bytes:
@@ -321,7 +321,7 @@ class _Stored:
 
 class _Writer(pickle.Pickler):
     def reducer_override(self, obj):
-        from charlm.checkpoint import TensorInfo
+        from charlm.safe_pickle import TensorInfo
 
         if isinstance(obj, TensorInfo):
             import torch._utils
@@ -375,7 +375,7 @@ def interesting(rng: random.Random, like=None):
 
 def mutate_tree(tree, rng: random.Random):
     """tree with one value changed, one key removed or added, or a string's JSON changed (the tokenizer)."""
-    from charlm.checkpoint import TensorInfo
+    from charlm.safe_pickle import TensorInfo
 
     slots = []  # (container, key) of every value, the root's holder included
     seen = set()  # containers walked: a decoded pickle may share them (2^depth paths through a few KB)

@@ -3,7 +3,7 @@ that say what each costs.
 
   quantize      every matrix as int8 (a scale per output channel) or int4 (a scale per group of 32, two codes
                 a byte); norms and biases stay float32. The format, and reading it back through the same
-                safe loader, is checkpoint.py's ("Quantized weights"); after loading, commands compute in float.
+                safe loader, is quantized.py's; after loading, commands compute in float.
   drop heads    a Transformer's K least important heads of every layer, sliced out of qkv and proj: a smaller
                 model whose config says so (n_heads, head_dim), not a mask. Importance: the loss when the head
                 alone is knocked out (lab ablate's head_knockouts), on the first part of the scored text.
@@ -38,6 +38,7 @@ from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
 from charlm.models import config_params
+from charlm.quantized import quantize
 
 BATCH_ROWS = 16  # windows scored at once
 
@@ -223,7 +224,7 @@ def stored(state: dict, bits: int) -> tuple[dict, dict | None]:
         key = (t.data_ptr(), t.shape)
         if bits in (8, 4) and t.dim() == 2:
             if key not in done:
-                q = checkpoint.quantize(t.detach().float().numpy(), bits)
+                q = quantize(t.detach().float().numpy(), bits)
                 done[key] = {
                     "bits": bits,
                     "values": torch.from_numpy(q["values"]),

@@ -19,7 +19,7 @@ CHAR_VOCAB_GUESS = 256  # a char run's vocabulary is known only once the corpus 
 def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
     """(bytes of weights and optimizer state, bytes of activations) one training process needs: the
     parameters counted from the model's shapes, the activations from its family's bytes per position."""
-    from charlm.models import family, config_params  # (torch: only a training run gets here)
+    from charlm.models import config_params, family  # (torch: only a training run gets here)
 
     vocab = m.vocab_size or (t.vocab_size if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
     m = replace(m, vocab_size=vocab)

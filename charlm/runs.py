@@ -15,7 +15,7 @@ from pathlib import Path
 
 from charlm import files
 from charlm.config import ModelConfig, TrainConfig
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
 from charlm.settings import flag_name
 
 RUNS = Path("checkpoints")
@@ -241,7 +241,7 @@ def describe(run: Path) -> dict:
     row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
     try:
         saved = checkpoint.read_header(run / "last.pt")
-    except checkpoint.CheckpointError as e:
+    except CheckpointError as e:
         return {**row, "error": str(e)}
     return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run
 

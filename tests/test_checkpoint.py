@@ -13,9 +13,9 @@ import torch
 from click.testing import CliRunner
 
 from charlm import checkpoint
-from charlm.checkpoint import CheckpointError
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import CheckpointError
 from charlm.train import Trainer
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from charlm import checkpoint
+from charlm import checkpoint, quantized
 from charlm.commands.compress import compress
 from charlm.compress import _gate_rows, drop_units, log_probs, scored_text, unit_importance
 from charlm.data import bits_per_char
@@ -24,7 +24,7 @@ from tests.conftest import cli, one_line_error
 
 
 def numpy_dequantize(e: dict, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """(weights, the step of each weight) from the format as checkpoint.py's comment describes it."""
+    """(weights, the step of each weight) from the format as quantized.py's docstring describes it."""
     values, scales = np.asarray(e["values"]), np.asarray(e["scales"], dtype=np.float64)
     if e["bits"] == 8:
         step = np.repeat(scales[:, None], cols, axis=1)
@@ -44,7 +44,7 @@ def test_quantize_dequantize_error_is_at_most_half_a_step(bits, shape):
     w[0, 0] = 3.0  # an outlier: its row (int8) or group (int4) gets a coarse step, the others keep theirs
     if shape[0] > 2:
         w[2] = 0.0  # a row of zeros: scale 0, no division by it
-    e = checkpoint.quantize(w, bits)
+    e = quantized.quantize(w, bits)
     got, step = numpy_dequantize(e, shape[1])
     assert (np.abs(w - got) <= step / 2 * (1 + 1e-6) + 1e-12).all()
     if bits == 4:  # a group away from the outlier keeps a fine step: per group, not per row

@@ -192,7 +192,9 @@ CHANGES = {  # file -> (anchor, what is inserted after it): the four changes, ea
             f'PRESET_TABLE["bigram"] = {{"tiny": {SIZES}, "small": {SIZES}, "medium": {SIZES}}}\n',
         ),
     ],
-    "options.py": [('        check_paths(self, "eval_file")\n        return self\n', COUNT_OPTIONS)],  # a command: its options
+    "options.py": [  # a command: its options
+        ('        check_paths(self, "eval_file")\n        return self\n', COUNT_OPTIONS),
+    ],
     "models/shapes.py": [  # a model family: its state dict
         (
             "Shapes = dict[str, tuple[int, ...]]\n",
@@ -291,7 +293,7 @@ def test_every_registered_family_honours_the_contract_models_init_writes(kind):
     """Each name in models/__init__.py's contract, on a tiny model of every family config.FAMILIES lists."""
     import torch
 
-    from charlm.models import build_model, count_params, config_params, param_shapes
+    from charlm.models import build_model, config_params, count_params, param_shapes
 
     cfg = ModelConfig(kind=kind, vocab_size=11, n_layers=1, d_model=16, n_heads=2, context=8)
     model = build_model(cfg)

@@ -24,8 +24,9 @@ import torch
 from conftest import cli, one_line_error, saved_model
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import CheckpointError, Saved
+from charlm.checkpoint import Saved
 from charlm.config import ModelConfig, SampleConfig
+from charlm.errors import CheckpointError
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model
 from charlm.tokenizer import BPETokenizer, tokenizer_from_json

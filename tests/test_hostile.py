@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from conftest import cli
 
 from charlm import checkpoint
-from charlm.checkpoint import CheckpointError
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import CheckpointError
 from charlm.models import build_model
 from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
@@ -329,7 +329,7 @@ def test_the_memory_estimate_names_what_to_change(corpus, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
 def test_the_parameter_count_without_a_model_is_the_real_count(kind):
-    from charlm.models import count_params, config_params
+    from charlm.models import config_params, count_params
 
     for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
         cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import CheckpointError, Saved
+from charlm.checkpoint import Saved
 from charlm.commands.chat import Chat, Hint, Session
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, param_shapes
 from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json

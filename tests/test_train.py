@@ -14,10 +14,9 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from charlm import checkpoint, files
-from charlm.checkpoint import CheckpointError
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import Streamer
 from charlm.train import Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at
 

@@ -27,12 +27,12 @@ from rich.console import Console
 from rich.text import Text
 
 from charlm import checkpoint, files
-from charlm.checkpoint import Checkpoint, CheckpointError
+from charlm.checkpoint import Checkpoint
 from charlm.commands import look
 from charlm.commands.runs import model_path
 from charlm.config import SampleConfig
 from charlm.data import cache_dir
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import Streamer
 from charlm.models import count_params
 from charlm.options import AttnConfig, ChatOptions, GatesConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from charlm import checkpoint, runs
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
 
 
 def info(path: str | Path) -> dict:
@@ -78,9 +78,9 @@ def model_path(name: str) -> str:
     picked = [r for r in found if r.name == name] or [r for r in found if r.name.startswith(name)]
     if len(picked) > 1:
         names = ", ".join(sorted(r.name for r in picked))
-        raise checkpoint.CheckpointError(
+        raise CheckpointError(
             f"'{name}' could be {len(picked)} runs in {runs.RUNS}/: {names}; give one whole name"
         )
     if picked:
         return str(picked[0])
-    raise checkpoint.CheckpointError(f"no such checkpoint or run: {name} (charlm runs lists the runs in {runs.RUNS}/)")
+    raise CheckpointError(f"no such checkpoint or run: {name} (charlm runs lists the runs in {runs.RUNS}/)")
