@@ -185,8 +185,8 @@ def train(ctx, corpus, **flags):
     model_cfg, train_cfg = presets.train_configs(opts.preset or "tiny", flags)  # checked before torch loads
     from charlm.commands.train import exec_process, resume_command
     from charlm.commands.train import train as run
+    from charlm.events import TrainingInterrupted
     from charlm.runtime import pick_device
-    from charlm.train import TrainingInterrupted
     from charlm.views.progress import TrainView
 
     if opts.preset is None and pick_device(train_cfg.device) == "cuda":
@@ -204,7 +204,7 @@ def train(ctx, corpus, **flags):
     view = TrainView(out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0), corpus=corpus)
     try:
         result = run(corpus, model_cfg, train_cfg, opts.out, resume=opts.resume, nproc=opts.nproc,
-                     given=given, on_event=view, launch=launch, settle_signals=_AS_PROGRAM)  # fmt: skip
+                     given=given, on_event=view, launch=launch, argv=sys.argv[1:], settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
         view.interrupted(e, resume_command(corpus, e.out_dir) if e.out_dir else None)
         if _AS_PROGRAM:  # everything is on disk: end now, not after seconds of tearing torch down

@@ -1,15 +1,18 @@
-"""The training loop: Muon + AdamW (or AdamW alone), warmup + cosine schedule, gradient clipping,
-periodic evaluation, atomic checkpoints and exact resume. Gradient accumulation (grad_accum micro-batches per step), and
-under torchrun one process per rank with DistributedDataParallel (see charlm.distributed): each rank
-samples its own batches, every rank runs the same loop and takes part in every collective, rank 0 writes.
+"""The training loop: Muon for the hidden matrices + AdamW for the rest (or AdamW alone: --optimizer), warmup +
+cosine schedule (schedule.py), gradient clipping, periodic evaluation, atomic checkpoints and exact resume
+(resume.py). Gradient accumulation (grad_accum micro-batches per step), and under torchrun one process per rank
+with DistributedDataParallel (see charlm.distributed): each rank samples its own batches, every rank runs the
+same loop and takes part in every collective, rank 0 writes.
 
-The trainer never prints. It reports what happens as events (the dataclasses below) to a callback;
-the CLI renders them.
+The trainer never prints. It reports what happens as events (events.py) to a callback; the CLI renders them.
 
-Nothing is lost to an interruption: Ctrl-C and SIGTERM stop the run at a step boundary, saved; a second
-signal cannot cut a save short; and an evaluation writes best.pt, then its metrics.jsonl line, then
+Nothing is lost to an interruption: Ctrl-C and SIGTERM stop the run at a step boundary, saved (stopping.py); a
+second signal cannot cut a save short; and an evaluation writes best.pt, then its metrics.jsonl line, then
 last.pt, the run's commit record. A resume drops what a kill left beyond last.pt (metrics lines of
 later steps) and adopts a best.pt written after it, so every file agrees with every other.
+
+(About 490 lines: the Trainer's set-up, loop, evaluation and saving stay together so that one run reads top to
+bottom in one place; each job of its own lives beside it: schedule.py, stopping.py, resume.py, events.py.)
 """
 
 from __future__ import annotations
@@ -19,163 +22,38 @@ import math
 import os
 import signal
 import statistics
-import threading
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
-from itertools import zip_longest
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from charlm import checkpoint, distributed, files, runs
+from charlm import checkpoint, distributed, files
 from charlm.checkpoint import Corpus, Saved
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
-from charlm.data import Batches, CorpusError, bits_per_char, corpus_sha256, load_tokens, prepare
-from charlm.errors import ConfigError, UserError
+from charlm.data import Batches, CorpusError, bits_per_char, load_tokens, prepare
+from charlm.events import (
+    Encoding,
+    Evaluated,
+    Phase,
+    Result,
+    Started,
+    Stepped,
+    Stopping,
+    TrainingDiverged,
+    TrainingInterrupted,
+)
 from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.optim import make_optimizer
+from charlm.resume import Resumed, best_so_far, drop_metrics_beyond, restore_state, resume_run
 from charlm.runtime import autocast_dtype, pick_device
-from charlm.settings import shown
+from charlm.schedule import EvalSchedule, lr_at, spent
+from charlm.stopping import Abandon, Quit, RunSignals, stop_signals
 from charlm.tokenizer import tokenizer_from_json
-
-# ---- events -------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class Encoding:
-    done: int  # bytes of the corpus encoded so far
-    total: int
-
-
-@dataclass(kw_only=True)
-class Started:
-    out_dir: Path
-    device: str
-    params: int
-    model_config: ModelConfig
-    train_config: TrainConfig
-    start_step: int
-    train_tokens: int
-    val_tokens: int
-    vocab_size: int
-    world_size: int = 1  # processes (torchrun ranks): effective batch = batch_size * grad_accum * world_size
-    start_seconds: float = 0.0  # seconds trained by earlier sessions of a resumed run
-
-
-@dataclass(kw_only=True)
-class Phase:
-    name: str  # "evaluating" | "sampling" | "saving": work between steps that shows no progress of its own
-
-
-@dataclass(kw_only=True)
-class Stopping:
-    """A signal (Ctrl-C, SIGTERM, SIGHUP) asked the run to stop: sent at once, from the signal handler."""
-
-    signum: int
-    saving: bool  # the run saves before it stops (False: in set-up, there is nothing to save yet)
-
-
-@dataclass(kw_only=True)
-class Stepped:
-    step: int
-    loss: float
-    lr: float
-    tokens_per_s: float
-    elapsed: float  # seconds of training so far, earlier sessions included
-    load: float | None = None  # the machine's 1-minute load average (None where the system has none)
-
-
-@dataclass(kw_only=True)
-class Evaluated:
-    step: int
-    train_loss: float
-    val_loss: float
-    val_bpc: float
-    is_best: bool
-    sample: str | None = None  # a short sample of the model at this step (sample_tokens > 0)
-
-
-@dataclass(kw_only=True)
-class Result:
-    out_dir: Path
-    step: int
-    stopped: str  # "steps" | "time" | "interrupted" | "until"
-    train_seconds: float
-    best_val_loss: float | None  # None: never evaluated
-    best_val_bpc: float | None
-    last_val_loss: float | None
-    params: int
-    sample: str | None = None  # the final sample (sample_tokens > 0, rank 0)
-    tokens_per_s: float | None = None  # this session's median over its steps (evaluations left out)
-    usual_tokens_per_s: float | None = None  # the fastest this machine trained this set-up before (commands.train)
-
-
-class TrainingInterrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP stopped the run. signum: the signal that stopped it; result: where training
-    got to (None: stopped in set-up); saved_step: the step out_dir/last.pt holds (None: there is none), which
-    is result.step unless a second signal quit without saving."""
-
-    def __init__(
-        self,
-        result: Result | None,
-        signum: int = signal.SIGINT,
-        *,
-        out_dir: Path | None = None,
-        saved_step: int | None = -1,
-    ):
-        super().__init__("interrupted")
-        self.result, self.signum = result, signum
-        self.out_dir = out_dir if out_dir is not None else result.out_dir if result else None
-        self.saved_step = result.step if saved_step == -1 and result else None if saved_step == -1 else saved_step
-
-
-class _Abandon(Exception):
-    """A stop was asked for: the evaluation or sample under way is given up (the run saves and stops)."""
-
-
-class _Quit(Exception):
-    """A second signal: stop now, without saving."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-
-
-class SetupInterrupted(Exception):
-    """A signal before training started (nothing of this session to save)."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-
-
-class TrainingDiverged(UserError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-WARMUP_TIME_FRACTION = 0.1  # with a time budget, warmup ends after this share of it at the latest
-
-
-def lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio. With a time budget the warmup and the decay
-    follow the clock too, so a --max-time run still ends its schedule when the time runs out, even one
-    shorter than its --warmup steps."""
-    warmed = (step + 1) / cfg.warmup if step < cfg.warmup else 1.0
-    if cfg.max_time:
-        warmed = max(warmed, elapsed / (WARMUP_TIME_FRACTION * cfg.max_time))
-    if warmed < 1.0:
-        return cfg.lr * warmed
-    progress = max(0.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))  # 0 on warmup's last step
-    if cfg.max_time:
-        progress = max(progress, elapsed / cfg.max_time)
-    progress = min(progress, 1.0)
-    min_lr = cfg.lr * cfg.min_lr_ratio
-    return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
 @torch.no_grad()
@@ -192,7 +70,7 @@ def evaluate(
     """Mean loss over the same eval_iters windows of each split every time (a fixed generator), so
     evaluations are comparable and never disturb the training RNG. With several processes, each
     computes every world_size-th window and the sums are added up: the same numbers on every rank.
-    abandon() is asked before each batch: True gives the evaluation up (_Abandon)."""
+    abandon() is asked before each batch: True gives the evaluation up (Abandon)."""
     model.eval()
     sums = []
     try:
@@ -201,7 +79,7 @@ def evaluate(
             total = 0.0
             for i in range(cfg.eval_iters):
                 if abandon():
-                    raise _Abandon
+                    raise Abandon
                 x, y = batches.get_batch(
                     split, cfg.batch_size, gen, device
                 )  # every rank draws every window: gens stay in step
@@ -221,7 +99,9 @@ def evaluate(
 
 class Trainer:
     """One training run: set up from a corpus (or from out_dir/last.pt when resuming), then fit().
-    The configs are taken as given (the CLI validated them); the caller's objects are never changed.
+    The configs are taken as given (validated where they were made); the caller's objects are never changed.
+    resume: True continues the run in out_dir (resume.resume_run decides it here, for these configs), or the
+    resume.Resumed a caller decided already (commands.train): then its configs are the run's.
     starts, mask (token-aligned, optional): windows begin at examples, the loss covers only the targets, in
     training and evaluation alike (data.Batches). They are the caller's to give again on a resume."""
 
@@ -231,7 +111,7 @@ class Trainer:
         model_cfg: ModelConfig,
         cfg: TrainConfig,
         out_dir,
-        resume=False,
+        resume: bool | Resumed = False,
         on_event=None,
         starts=None,
         mask=None,
@@ -253,29 +133,26 @@ class Trainer:
             *stop_signals(self.dist.enabled),
             notify=lambda signum, saving: self.on_event(Stopping(signum=signum, saving=saving)),
         )
-        saved = self._saved_run(corpus, model_cfg) if resume else None
-        self._prepare_data(corpus, model_cfg, saved)
+        if resume is True:
+            resume = resume_run(self.out_dir, corpus, model_cfg, cfg, self.dist.world_size)
+        if resume:
+            model_cfg, self.cfg = resume.model_cfg, resume.train_cfg
+        self._prepare_data(corpus, model_cfg, resume.saved if resume else None)
         self._build()
-        if saved:
-            self._restore(saved)
-        self._drop_metrics_beyond(
-            self.step
-        )  # (a new run: all of them, the log of a run killed before its first last.pt)
+        if resume:
+            self._restore(resume)
+        if self.dist.is_main:
+            drop_metrics_beyond(self.out_dir, self.step)
         self._wrap()
 
-    def _saved_run(self, corpus, model_cfg: ModelConfig) -> Saved:
-        """The run to continue, after the one resume rule (runs.py) agreed to these configs."""
-        path = self.out_dir / "last.pt"
-        saved = checkpoint.read(path)
-        saved.require_training_state(path)
-        runs.resume_configs(self.out_dir, saved, model_cfg, self.cfg, self.dist.world_size)
-        # hash before encoding: another text would fail later with a less helpful message
-        # (_prepare_data passes the same hash on, so the corpus is read for hashing once)
-        if saved.corpus.sha256 != corpus_sha256(corpus):
-            raise ConfigError(
-                f"{corpus} is not the text this run was trained on: resume with that file, or use a new --out"
-            )
-        return saved
+    def _restore(self, resumed: Resumed) -> None:
+        """The saved run's state and counters: it continues exactly."""
+        restore_state(resumed, self.model, self.optimizer, self.data_gen, self.scaler, self.device, self.dist)
+        saved = resumed.saved
+        self.step, self.train_seconds = saved.step, saved.train_seconds
+        self.saved_step = saved.step  # what last.pt holds: a second Ctrl-C reports it
+        self.best_val_loss, self.best_val_bpc = best_so_far(resumed)
+        self.schedule = EvalSchedule(self.cfg, spent(self.cfg, self.step, self.train_seconds))
 
     def _prepare_data(self, corpus, model_cfg: ModelConfig, saved: Saved | None) -> None:
         """Tokenizer and token ids; the model config gets the tokenizer's vocabulary size."""
@@ -289,7 +166,7 @@ class Trainer:
             self.cfg.vocab_size,
             tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
             progress=lambda done, total: self.on_event(Encoding(done=done, total=total)),
-            sha256=saved.corpus.sha256 if saved else None,  # checked equal to the file's hash by _saved_run
+            sha256=saved.corpus.sha256 if saved else None,  # checked equal to the file's hash by resume.resume_run
         )
         if self.dist.local_rank == 0:
             distributed.barrier()
@@ -325,87 +202,13 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
-        self.next_eval = self.EVAL_GAP  # the budget_spent() at which the next evaluation is due (no --eval-interval)
+        self.schedule = EvalSchedule(self.cfg)
         self.saved_step = None  # the step last.pt was last written at by this process
         self.best_val_loss = self.best_val_bpc = None
         amp = autocast_dtype(self.device, self.cfg.precision)
         self.autocast = torch.autocast(self.device, dtype=amp) if amp else nullcontext()
         # fp16's narrow range needs a gradient scaler; bf16 has float32's range and does not
         self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
-
-    def _restore(self, saved: Saved) -> None:
-        """Weights, optimizer, RNGs and counters of the saved run: it continues exactly. A state that does not
-        fit this model and machine (a crafted or damaged last.pt) is a CheckpointError that names the file."""
-        path = self.out_dir / "last.pt"
-        self.model.load_state_dict(saved.model)
-        _load_optimizer(self.optimizer, saved.optimizer, path)
-        ranks = saved.rng.get("ranks") if isinstance(saved.rng, dict) else None
-        if self.dist.enabled and not (isinstance(ranks, list) and len(ranks) == self.dist.world_size):
-            raise _unusable(path, "no random state for each process")
-        rng = ranks[self.dist.rank] if self.dist.enabled else saved.rng
-        _set_rng(self.data_gen, rng, self.device, path)
-        if self.scaler and saved.scaler:
-            try:
-                self.scaler.load_state_dict(saved.scaler)
-            except (ValueError, KeyError, TypeError, RuntimeError, AttributeError):
-                raise _unusable(path, "a damaged gradient scaler state") from None
-        self.step, self.train_seconds = saved.step, saved.train_seconds
-        self.saved_step = saved.step  # what last.pt holds: a second Ctrl-C reports it
-        self.best_val_loss, self.best_val_bpc = saved.best_val_loss, saved.best_val_bpc
-        self.next_eval = self.spent() + self.EVAL_GAP  # a resumed run too shows a validation loss early
-        best = self.out_dir / "best.pt"
-        if not best.exists():
-            return
-        try:
-            other = checkpoint.read_header(best)
-        except checkpoint.CheckpointError as e:  # (its message says last.pt is there: move best.pt away)
-            raise checkpoint.CheckpointError(f"{e}, then resume (the next evaluation writes a new best.pt)") from None
-        if (other.model_config, other.tokenizer, other.corpus and other.corpus.sha256) != (
-            saved.model_config,
-            saved.tokenizer,
-            saved.corpus.sha256,
-        ):  # it would be kept as the run's best, and `charlm sample` of the run would use it
-            raise checkpoint.CheckpointError(
-                f"{best} is not this run's: it holds a {other.model_config.describe()} with another tokenizer or "
-                f"corpus than {path}; move it away, then resume"
-            )
-        # a best.pt written after last.pt (a kill fell between the two: see the module's docstring) holds
-        # the run's best so far
-        if best.stat().st_mtime_ns > path.stat().st_mtime_ns:
-            if other.best_val_loss is not None and (
-                self.best_val_loss is None or other.best_val_loss < self.best_val_loss
-            ):
-                self.best_val_loss, self.best_val_bpc = other.best_val_loss, other.best_val_bpc
-
-    def _drop_metrics_beyond(self, step: int) -> None:
-        """metrics.jsonl as last.pt, the commit record, knows it: the lines of later steps, which a process
-        killed before it wrote last.pt left, go (the run writes them again); every other line stays as it is
-        (plot skips what is not an evaluation). Read a line at a time: the file may be large."""
-        log = self.out_dir / "metrics.jsonl"
-        if not self.dist.is_main or not os.path.lexists(log):
-            return
-        if why := files.not_regular(log):
-            raise ConfigError(f"{log} is {why}, not a regular file: remove it, or choose another --out")
-
-        def kept(f):
-            for line in _lines(f):
-                at = _step_of(line)
-                if at is not None and at > step:
-                    continue
-                if not line.endswith(b"\n"):  # the last line, cut short by a kill: nothing can be appended to it
-                    if at is None:
-                        continue
-                    line += b"\n"
-                yield line
-
-        try:
-            with open(log, "rb") as f, open(log, "rb") as g:
-                changed = any(a != b for a, b in zip_longest(_lines(f), kept(g)))
-            if changed:
-                with open(log, "rb") as f:
-                    files.atomic_write(log, lambda out: out.writelines(kept(f)))
-        except OSError as e:
-            raise ConfigError(f"cannot read {log}: {e.strerror}") from None
 
     def _wrap(self) -> None:
         # DDP averages gradients across ranks during backward. self.model stays the plain module and is
@@ -481,7 +284,7 @@ class Trainer:
                             load=_load(),
                         )
                     )
-                    if self.eval_due():
+                    if self.schedule.due(self.step, self.budget_spent):
                         last_val, last_eval_step = self.scheduled_eval(), self.step
                 if last_eval_step != self.step:  # stopped by the clock or `until` between evaluations
                     last_val = self.evaluate_and_save()
@@ -489,9 +292,9 @@ class Trainer:
                 if signals.requested:
                     self.stop(last_val)
                 return result
-            except _Abandon:  # an evaluation or sample given up for a stop: save at this step
+            except Abandon:  # an evaluation or sample given up for a stop: save at this step
                 self.stop(last_val)
-            except _Quit as e:  # a second signal: no save
+            except Quit as e:  # a second signal: no save
                 raise TrainingInterrupted(
                     self.result("interrupted", last_val), e.signum, saved_step=self.saved_step
                 ) from None
@@ -505,35 +308,17 @@ class Trainer:
                 self.save("last.pt")
         raise TrainingInterrupted(self.result("interrupted", last_val), self.signals.signum or signal.SIGINT)
 
-    # Without --eval-interval: the first evaluation after 5% of the budget (a short run shows a validation
-    # loss early, not only at its end), then at least 5% of the budget apart, and far enough apart that
-    # evaluating takes at most ~5% of the time (a two-minute CPU run evaluates ~3 times, an hour ~20 times).
-    EVAL_GAP = EVAL_SHARE = 0.05
-
-    def spent(self) -> float:
-        """The fraction of the budget (steps or time, whichever runs out first) spent."""
-        p = self.step / self.cfg.steps
-        return max(p, self.train_seconds / self.cfg.max_time) if self.cfg.max_time else p
-
     def budget_spent(self) -> float:
-        """spent(), the same on every rank: their clocks differ, and they must evaluate together."""
-        return distributed.all_max([self.spent()])[0]
-
-    def eval_due(self) -> bool:
-        if self.step >= self.cfg.steps:
-            return True
-        if self.cfg.eval_interval:
-            return self.step % self.cfg.eval_interval == 0
-        return self.budget_spent() >= self.next_eval
+        """The share of the budget spent (schedule.spent), the same on every rank: their clocks differ, and they
+        must evaluate together."""
+        return distributed.all_max([spent(self.cfg, self.step, self.train_seconds)])[0]
 
     def scheduled_eval(self) -> float:
         """evaluate_and_save, then the next evaluation's place in the budget from what this one cost."""
         t0 = time.perf_counter()
         val = self.evaluate_and_save()
         (cost,) = distributed.all_max([time.perf_counter() - t0])
-        done = self.budget_spent()
-        total = self.cfg.max_time or self.train_seconds / max(done, 1e-9)  # seconds the whole budget takes
-        self.next_eval = done + max(self.EVAL_GAP, cost / (self.EVAL_SHARE * total))
+        self.schedule.evaluated(self.budget_spent(), cost, self.train_seconds)
         return val
 
     def forward_backward(self) -> tuple[float, float]:
@@ -704,164 +489,8 @@ class Trainer:
         return rng
 
 
-def _unusable(path: Path, what: str) -> checkpoint.CheckpointError:
-    return checkpoint.CheckpointError(
-        f"{path} cannot be resumed: it holds {what}; sample from it, or train a new run with another --out"
-    )
-
-
-def _load_optimizer(optimizer, state, path: Path) -> None:
-    """optimizer.load_state_dict(state), with every tensor of the state checked against its parameter: torch
-    takes a state of the wrong shape and fails (or trains on garbage) only at the next step. The settings of
-    each group (betas, weight decay...) stay the ones this run's config gives."""
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, ConfigError) as e:
-        raise _unusable(path, f"an optimizer state that does not fit this model ({type(e).__name__})") from None
-    for group, kept in zip(optimizer.param_groups, settings):
-        group.update(kept)
-    for o in optimizer.optimizers:
-        params = {p for g in o.param_groups for p in g["params"]}
-        for key in [k for k in o.state if k not in params]:  # state of no parameter of this model
-            del o.state[key]
-        for p, entry in o.state.items():
-            if not isinstance(entry, dict):
-                raise _unusable(path, "a damaged optimizer state")
-            for name, value in entry.items():
-                ok = isinstance(value, torch.Tensor) and value.is_floating_point()
-                ok = ok and (value.numel() == 1 if name == "step" else value.shape == p.shape)
-                if not ok or not bool(torch.isfinite(value).all()) or name == "step" and value.item() < 0:
-                    raise _unusable(path, f"an optimizer state that does not fit this model ({shown(name)})")
-
-
-def _set_rng(data_gen: torch.Generator, rng, device: str, path: Path) -> None:
-    """The random states of a run (its batches', torch's for dropout, CUDA's), each checked before use."""
-    if not isinstance(rng, dict):
-        raise _unusable(path, "a damaged random state")
-    for name, generator in (("data", data_gen), ("torch", None)):
-        state = rng.get(name)
-        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.shape == (_RNG_BYTES,)):
-            raise _unusable(path, f"a damaged random state ({name})")
-        try:
-            (generator or torch.Generator()).set_state(state)
-        except (RuntimeError, TypeError, ValueError):
-            raise _unusable(path, f"a damaged random state ({name})") from None
-    torch.set_rng_state(rng["torch"])
-    if device == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
-        try:
-            torch.cuda.set_rng_state(rng["cuda"])
-        except (RuntimeError, TypeError, ValueError):
-            raise _unusable(path, "a damaged random state (cuda)") from None
-
-
-_RNG_BYTES = torch.Generator().get_state().numel()  # a CPU generator's state: 5056 bytes
-
-
 def _load() -> float | None:
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):  # not on every system
         return None
-
-
-def _lines(f, longest: int = 1 << 20):
-    """The lines of a binary file, none longer than `longest` bytes (a longer one comes in pieces)."""
-    return iter(lambda: f.readline(longest), b"")
-
-
-def _step_of(line: bytes | str) -> int | None:
-    """The step of a metrics.jsonl line; None for a line that is not one (cut short by a kill, not UTF-8...)."""
-    try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def stop_signals(distributed_run: bool = False) -> tuple[int, ...]:
-    """The signals that stop a run, saved: Ctrl-C, SIGTERM (kill, timeout, a scheduler) and SIGHUP (the terminal
-    closed). Under torchrun only Ctrl-C: SIGTERM and SIGHUP stay the launcher's way to stop a rank (one blocked
-    in a collective whose peer died cannot run a Python handler)."""
-    extra = () if distributed_run else (signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
-    return (signal.SIGINT, *extra)
-
-
-class RunSignals:
-    """What the stop signals do to a run, from its set-up to its exit.
-
-    Entered (`with signals:`), it installs its handler. In set-up a first signal raises SetupInterrupted at
-    once. Inside deferring() (fit: training, evaluations, samples, saves) a first signal only sets `requested`
-    and tells notify() at once; the run gives up an evaluation or sample under way, saves at the step it is
-    at and stops. A second signal quits without saving (_Quit), except inside holding(): a checkpoint being
-    written is finished first (a signal inside torch.save would lose it), and the run stops right after,
-    saved. Once a stop is under way (`stopping`) or training is over, further signals are ignored. With
-    settle=True they stay ignored once the block ends (a process that only has to print and exit); else the
-    handlers before are back. Only the main thread can handle signals, so elsewhere it does nothing."""
-
-    def __init__(self, *signums: int, notify=None, settle: bool = False):
-        self.signums, self.settle = signums, settle
-        self.notify = notify or (lambda signum, saving: None)
-        self.requested = False
-        self.signum: int | None = None  # the first signal
-        self.held = self.stopping = self.deferred = self.over = False
-        self.depth = 0
-        self.previous: dict[int, object] = {}
-
-    def _handle(self, signum, frame):
-        if self.stopping or self.over:
-            return
-        if not self.requested:
-            self.requested, self.signum = True, signum
-            if not self.deferred:
-                self.stopping = True
-                self._tell(signum, saving=False)
-                raise SetupInterrupted(signum)
-            self._tell(signum, saving=True)
-        elif self.held:
-            self.stopping = True
-        else:
-            self.stopping = True
-            raise _Quit(signum)
-
-    def _tell(self, signum: int, saving: bool) -> None:
-        try:  # a terminal that closed (SIGHUP) cannot be written to: the save matters, the words do not
-            self.notify(signum, saving)
-        except (_Quit, SetupInterrupted):  # a second signal while the first was being told
-            raise
-        except Exception:
-            pass
-
-    @contextmanager
-    def holding(self):
-        """Signals only set `requested` in here."""
-        held, self.held = self.held, True
-        try:
-            yield
-        finally:
-            self.held = held
-
-    @contextmanager
-    def deferring(self):
-        """Training: a first signal asks for a stop, saved; see the class."""
-        self.requested, self.signum, self.stopping, self.over, self.deferred = False, None, False, False, True
-        try:
-            yield self
-        finally:
-            self.deferred, self.over = False, True
-
-    def __enter__(self) -> RunSignals:
-        self.depth += 1
-        if self.depth == 1:
-            self.requested, self.signum, self.stopping, self.over = False, None, False, False
-            if threading.current_thread() is threading.main_thread():
-                self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.depth -= 1
-        if self.depth:
-            return
-        for s, previous in self.previous.items():  # None: set outside Python; fall back to the default
-            signal.signal(s, signal.SIG_IGN if self.settle else previous if previous is not None else signal.SIG_DFL)
-        self.previous = {}

@@ -17,8 +17,9 @@ from conftest import TINY_MODEL
 from charlm import checkpoint
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
+from charlm.events import Stepped
 from charlm.models import build_model
-from charlm.train import Stepped, Trainer
+from charlm.train import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -28,7 +28,8 @@ from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
 from charlm.models import build_model
 from charlm.optim import make_optimizer
-from charlm.train import Trainer, lr_at
+from charlm.schedule import lr_at
+from charlm.train import Trainer
 
 TINY = [*TINY_MODEL, "--eval-iters", "3", "--warmup", "2", "--device", "cpu"]
 
@@ -403,7 +404,7 @@ def _ddp_worker(root: Path, corpus: Path) -> None:
     import signal
 
     from charlm import distributed
-    from charlm.train import Stepped, TrainingInterrupted
+    from charlm.events import Stepped, TrainingInterrupted
 
     torch.set_num_threads(1)
     rank = distributed.env().rank

@@ -339,7 +339,7 @@ def test_the_parameter_count_without_a_model_is_the_real_count(kind):
 def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():
     """Regression: a --max-time run shorter than --warmup steps ended with its learning rate still rising.
     Decided: with a time budget, warmup also ends after WARMUP_TIME_FRACTION of the time at the latest."""
-    from charlm.train import WARMUP_TIME_FRACTION, lr_at
+    from charlm.schedule import WARMUP_TIME_FRACTION, lr_at
 
     cfg = TrainConfig(steps=10**9, max_time=10, warmup=1000, lr=1e-2, min_lr_ratio=0.1)
     assert lr_at(cfg, 0, 0.0) == pytest.approx(1e-5)  # the steps still start the warmup

@@ -479,7 +479,7 @@ def test_the_progress_bar_shows_the_latest_evaluation_at_once():
     from rich.console import Console
 
     from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Evaluated, Started, Stepped
+    from charlm.events import Evaluated, Started, Stepped
     from charlm.views.progress import TrainView
 
     view = TrainView(Console(file=io.StringIO(), force_terminal=True, width=120))

@@ -17,8 +17,10 @@ from charlm import checkpoint, files
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
 from charlm.errors import CheckpointError, ConfigError
+from charlm.events import Evaluated, Started, Stepped, TrainingDiverged, TrainingInterrupted
 from charlm.generate import Streamer
-from charlm.train import Evaluated, Started, Stepped, Trainer, TrainingDiverged, TrainingInterrupted, lr_at
+from charlm.schedule import lr_at
+from charlm.train import Trainer
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
 

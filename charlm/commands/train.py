@@ -1,7 +1,7 @@
 """`charlm train` as a function: a corpus and configs in, a trained run directory out.
 
-Around the trainer (charlm.train) it does what a run needs from the outside: the resume rule (runs.py),
-checks before any work (a directory in use, not writable, a run that cannot fit in memory), the run lock,
+Around the trainer (charlm.train) it does what a run needs from the outside: the decision to resume (made
+once, by resume.resume_run, and handed to the trainer), checks before any work (a directory in use, not writable, a run that cannot fit in memory), the run lock,
 and the torchrun relaunch for --nproc. What happens is reported as the trainer's events; errors are
 exceptions with a one-line message (TrainingInterrupted carries the saved step).
 """
@@ -18,18 +18,13 @@ from typing import NoReturn
 from charlm import checkpoint, distributed, files, memory, runs
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import cache_dir
-from charlm.errors import ConfigError
+from charlm.errors import CheckpointError, ConfigError
+from charlm.events import Result, Stopping, TrainingInterrupted
+from charlm.resume import Resumed, resume_run
 from charlm.runs import check_writable
 from charlm.runtime import cpu_name, pick_device
-from charlm.train import (
-    Result,
-    RunSignals,
-    SetupInterrupted,
-    Stopping,
-    Trainer,
-    TrainingInterrupted,
-    stop_signals,
-)
+from charlm.stopping import RunSignals, SetupInterrupted, stop_signals
+from charlm.train import Trainer
 from charlm.views.text import shell_quote
 
 
@@ -44,12 +39,13 @@ def train(
     given: set[str] | None = None,
     on_event: Callable | None = None,
     launch: Callable[[list[str]], NoReturn] | None = None,
+    argv: list[str] | None = None,
     settle_signals: bool = False,
 ) -> Result:
     """Train a model on corpus into out (default: checkpoints/<corpus>-<model>-<tokenizer>), or continue
     the run there (resume). given: the settings the user typed, for the resume rule (runs.resume_configs;
-    None: every field). nproc > 1: relaunch this command under torchrun through launch(argv), which
-    does not return. Ctrl-C, SIGTERM and SIGHUP stop it in every phase (RunSignals): in set-up at once, with
+    None: every field). nproc > 1: relaunch the command line argv (charlm's arguments, "train" first) under
+    torchrun through launch(the torchrun command line), which does not return. Ctrl-C, SIGTERM and SIGHUP stop it in every phase (RunSignals): in set-up at once, with
     nothing to save; once training, saved at the step it is at; either way TrainingInterrupted says what
     last.pt holds. settle_signals: once training ends, ignore them (a process that only has to exit; a Python
     caller keeps its handlers)."""
@@ -62,20 +58,24 @@ def train(
     found: list[Path] = []  # the run directory, once known
     try:
         with signals:  # from here to the end, a signal stops the run: at once in set-up, saved once training
-            return _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, launch, signals, found)
+            return _train(
+                corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, (launch, argv), signals, found
+            )
     except SetupInterrupted as e:
         out, saved = (found or [None])[0], None
         if out is not None and resume and (out / "last.pt").is_file():
             try:
                 saved = checkpoint.read_header(out / "last.pt").step
-            except checkpoint.CheckpointError:
+            except CheckpointError:
                 pass
         raise TrainingInterrupted(None, e.signum, out_dir=out, saved_step=saved) from None
 
 
-def _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, launch, signals, found) -> Result:
+def _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, relaunch, signals, found) -> Result:
     me = distributed.env()
-    out, model_cfg, train_cfg = _run_dir(corpus, model_cfg, train_cfg, out, resume, nproc or me.world_size, given)
+    out, resumed = _run_dir(corpus, model_cfg, train_cfg, out, resume, nproc or me.world_size, given)
+    if resumed:
+        model_cfg, train_cfg = resumed.model_cfg, resumed.train_cfg
     found.append(out)
     check_writable(out)
     device = pick_device(train_cfg.device)
@@ -86,13 +86,13 @@ def _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, la
         if nproc < 1:
             raise ConfigError(f"--nproc must be at least 1, got {nproc}")
         if nproc > 1:  # everything above was checked once, here; now the same command, N times
-            torchrun(nproc, out, device, launch)
+            torchrun(nproc, out, device, *relaunch)
     # rank 0 holds the run directory until it exits: a second training into it is refused meanwhile
     lock = runs.RunLock(out) if me.is_main else None
     try:
         if lock and not resume:
             check_unused(out)  # again, now under the lock: another run may have finished in it since
-        run = Trainer(corpus, model_cfg, train_cfg, out, resume=resume, on_event=on_event, signals=signals)
+        run = Trainer(corpus, model_cfg, train_cfg, out, resume=resumed or False, on_event=on_event, signals=signals)
         return _with_usual_speed(run, run.fit(), device == "cpu" and me.is_main)
     except files.WriteError as e:
         if _inside(e.path, out) and (out / "last.pt").exists():
@@ -138,16 +138,16 @@ def _speed_key(run: Trainer) -> str:
     )
 
 
-def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given):
-    """(the run directory, the configs the run goes on with): a new one, free and unused, or the run to
-    resume with the settings the resume rule lets change."""
+def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given) -> tuple[Path, Resumed | None]:
+    """(the run directory, None) for a new run, free and unused; or (the run's directory, the run to resume
+    with the settings the resume rule lets change: resume.resume_run, the one place that decides)."""
     main, out = distributed.env().is_main, None if out is None else Path(out)
     if not resume:
         out = out or runs.default_out(corpus, model_cfg.kind, train_cfg.tokenizer)
         if main:
             runs.check_free(out)
         check_unused(out)
-        return out, model_cfg, train_cfg
+        return out, None
     out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
     if main:  # in use: say so first (what follows reads a run that is being written)
         runs.check_free(out)
@@ -155,8 +155,7 @@ def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given):
         raise ConfigError(
             f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
         )
-    saved = checkpoint.read(out / "last.pt")
-    return out, *runs.resume_configs(out, saved, model_cfg, train_cfg, world_size, given)
+    return out, resume_run(out, corpus, model_cfg, train_cfg, world_size, given)
 
 
 def resume_command(corpus: str, out: Path) -> str:
@@ -184,14 +183,15 @@ def _not_empty(path: Path) -> bool:
         return False
 
 
-def torchrun(nproc: int, out: Path, device: str, launch: Callable[[list[str]], NoReturn] | None) -> NoReturn:
-    """Replace this process by torchrun (PyTorch's launcher) running this same command in nproc
-    processes: the same arguments minus --nproc, with the run directory made explicit."""
+def torchrun(
+    nproc: int, out: Path, device: str, launch: Callable[[list[str]], NoReturn] | None, argv: list[str] | None
+) -> NoReturn:
+    """Replace this process by torchrun (PyTorch's launcher) running the command line argv (charlm's
+    arguments) in nproc processes: the same arguments minus --nproc, with the run directory made explicit."""
     import torch
 
     if device == "cuda" and nproc > torch.cuda.device_count():
         raise ConfigError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) visible; use one process per GPU")
-    argv = sys.argv[1:]
     if launch is None or not argv or argv[0] != "train":
         raise ConfigError(
             "--nproc works from the command line only; run torchrun --nproc-per-node N -m charlm train ..."

@@ -58,8 +58,8 @@ def run_experiment(
             return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
         extra = {"seeds": s.seeds} if name in SEEDED else {}
         out = Path(s.out) if s.out else LAB_DIR
+        from charlm.events import TrainingInterrupted
         from charlm.runs import RunLock, check_writable
-        from charlm.train import TrainingInterrupted
 
         check_writable(out)  # before any work, as train does: a file, a read-only mount
         lock = RunLock(out, "charlm lab")  # a second lab into the same --out would delete this one's runs

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.train import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
+from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import duration, safe, safe_text, shell_quote
 
 
