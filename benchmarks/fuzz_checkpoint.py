@@ -454,7 +454,7 @@ def make_seeds() -> None:
             ("lstm-bpe", "lstm", "bpe", "adamw"),
         ):
             model_cfg = ModelConfig(kind=kind, **tiny)
-            train_cfg = TrainConfig(tokenizer=tokenizer, vocab_size=257, optimizer=optimizer, **train)
+            train_cfg = TrainConfig(tokenizer=tokenizer, bpe_vocab=257, optimizer=optimizer, **train)
             Trainer(corpus, model_cfg, train_cfg, tmp / name).fit(until=1)
             (SEEDS / f"{name}.ckpt").write_bytes((tmp / name / "last.pt").read_bytes())
         tok = CharTokenizer(list("ab\n"))

@@ -166,7 +166,8 @@ class TrainConfig:
     tokenizer: str = flag(
         "char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS, section="Data"
     )
-    vocab_size: int = flag(1024, "BPE vocabulary size.", applies_to="bpe", section="Data")
+    # the BPE tokenizer's target size (ModelConfig.vocab_size is the real one, the tokenizer's)
+    bpe_vocab: int = flag(1024, "BPE vocabulary size.", name="vocab-size", applies_to="bpe", section="Data")
     batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True, section="Optimisation")
     grad_accum: int = flag(
         1,
@@ -252,8 +253,8 @@ class TrainConfig:
         check_types(self)
         check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer {shown(self.tokenizer)}: choose char or bpe")
         check(
-            (self.tokenizer != "bpe" or 257 <= self.vocab_size) and self.vocab_size <= 1_000_000,
-            f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.vocab_size}",
+            (self.tokenizer != "bpe" or 257 <= self.bpe_vocab) and self.bpe_vocab <= 1_000_000,
+            f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.bpe_vocab}",
         )
         check(self.optimizer in OPTIMIZERS, f"unknown --optimizer {shown(self.optimizer)}: choose muon or adamw")
         check(0 < self.muon_lr < 10, f"--muon-lr must be positive and below 10, got {self.muon_lr}")
@@ -306,6 +307,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
+        if "vocab_size" in d and "bpe_vocab" not in d:  # checkpoints written before the field's rename
+            d = {("bpe_vocab" if k == "vocab_size" else k): v for k, v in d.items()}
         return from_dict(cls, d)
 
 

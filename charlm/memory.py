@@ -21,7 +21,7 @@ def estimate(m: ModelConfig, t: TrainConfig) -> tuple[int, int]:
     parameters counted from the model's shapes, the activations from its family's bytes per position."""
     from charlm.models import config_params, family  # (torch: only a training run gets here)
 
-    vocab = m.vocab_size or (t.vocab_size if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
+    vocab = m.vocab_size or (t.bpe_vocab if t.tokenizer == "bpe" else CHAR_VOCAB_GUESS)
     m = replace(m, vocab_size=vocab)
     positions = t.batch_size * m.context
     activations = positions * (m.d_model * m.n_layers * family(m.kind).ACTIVATION_BYTES + vocab * LOGIT_BYTES)

@@ -163,7 +163,7 @@ class Trainer:
         self.tokenizer, tokens_path, corpus_sha = prepare(
             corpus,
             self.cfg.tokenizer,
-            self.cfg.vocab_size,
+            self.cfg.bpe_vocab,
             tokenizer=tokenizer_from_json(saved.tokenizer) if saved else None,
             progress=lambda done, total: self.on_event(Encoding(done=done, total=total)),
             sha256=saved.corpus.sha256 if saved else None,  # checked equal to the file's hash by resume.resume_run

@@ -176,7 +176,7 @@ def cmp_runs(cmp_corpus, tmp_path_factory):
             "cmp-tf": (ModelConfig(kind="transformer", **size), tiny_train(30, eval_iters=2)),
             "cmp-bpe": (
                 ModelConfig(kind="transformer", **size),
-                tiny_train(30, eval_iters=2, tokenizer="bpe", vocab_size=300),
+                tiny_train(30, eval_iters=2, tokenizer="bpe", bpe_vocab=300),
             ),
         },
     )
@@ -199,7 +199,7 @@ def view_runs(tmp_path_factory):
         VIEW_TEXT,
         {
             "view-tf": (ModelConfig(kind="transformer", **size), tiny_train(20)),
-            "view-bpe": (ModelConfig(kind="transformer", **size), tiny_train(20, tokenizer="bpe", vocab_size=300)),
+            "view-bpe": (ModelConfig(kind="transformer", **size), tiny_train(20, tokenizer="bpe", bpe_vocab=300)),
             "view-lstm": (ModelConfig(kind="lstm", **size), tiny_train(20)),
             "view-gru": (ModelConfig(kind="gru", **size), tiny_train(20)),
         },

@@ -315,6 +315,19 @@ def test_a_format_1_checkpoint_still_loads(saved, tmp_path):
     assert torch.load(tmp / "last.pt", weights_only=True)["version"] == checkpoint.VERSION
 
 
+def test_a_checkpoint_that_stored_the_bpe_target_as_vocab_size_still_reads(saved, tmp_path):
+    """TrainConfig.vocab_size (the BPE target) was renamed bpe_vocab, apart from ModelConfig.vocab_size (the
+    tokenizer's real size): a file written before keeps its BPE target, and --vocab-size is still the flag."""
+    data = raw(saved)
+    old = {k: v for k, v in data["train_config"].items() if k != "bpe_vocab"}
+    old["vocab_size"] = 777
+    torch.save({**data, "train_config": old}, tmp_path / "old.pt")
+    header = checkpoint.read_header(tmp_path / "old.pt")
+    assert header.train_config.bpe_vocab == 777 and header.model_config.vocab_size == data["model_config"]["vocab_size"]
+    assert "vocab_size" not in checkpoint.read(saved).train_config.to_dict()
+    assert "--vocab-size" in CliRunner().invoke(main, ["train", "--help"]).stdout
+
+
 @pytest.mark.parametrize(
     "field,value,message",
     [

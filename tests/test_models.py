@@ -290,7 +290,7 @@ BAD_TRAIN = [
     (dict(batch_size=0), "--batch-size must be at least 1"),
     (dict(max_time=0), "--max-time must be positive"),
     (dict(tokenizer="word"), "unknown --tokenizer 'word'"),
-    (dict(tokenizer="bpe", vocab_size=100), "--vocab-size must be between 257"),
+    (dict(tokenizer="bpe", bpe_vocab=100), "--vocab-size must be between 257"),
     (dict(eval_interval=0), "--eval-interval must be between 1 and 10\\^12"),
     (dict(eval_iters=0), "--eval-iters must be between 1 and 1000000"),
     (dict(device="tpu"), "unknown --device 'tpu'"),
