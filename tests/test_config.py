@@ -8,6 +8,7 @@ import dataclasses
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import TINY
 
 from charlm.cli import main
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
@@ -136,24 +137,11 @@ def test_train_validates_each_config_once(tmp_path, monkeypatch):
         [
             "train",
             str(corpus),
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--context",
-            "8",
+            *TINY,
             "--steps",
             "2",
             "--eval-interval",
             "2",
-            "--eval-iters",
-            "1",
-            "--sample-tokens",
-            "0",
-            "--device",
-            "cpu",
             "--out",
             str(tmp_path / "run"),
         ],

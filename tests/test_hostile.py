@@ -13,7 +13,7 @@ import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import cli
+from conftest import TINY, cli
 
 from charlm import checkpoint
 from charlm.cli import main
@@ -24,26 +24,6 @@ from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
-TINY = [
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--context",
-    "16",
-    "--batch-size",
-    "4",
-    "--eval-iters",
-    "1",
-    "--sample-tokens",
-    "0",
-    "--warmup",
-    "2",
-    "--device",
-    "cpu",
-]
 
 
 @pytest.fixture(scope="module")

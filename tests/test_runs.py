@@ -165,28 +165,8 @@ def test_a_timed_run_shows_a_validation_loss_before_its_end(tmp_path):
 def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    tiny = [
-        "--layers",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--context",
-        "16",
-        "--batch-size",
-        "4",
-        "--eval-iters",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--device",
-        "cpu",
-        "--out",
-        tmp_path / "run",
-    ]
     t0 = time.perf_counter()
-    r = charlm("train", corpus, *tiny, "--steps", 2)
+    r = charlm("train", corpus, *TINY, "--out", tmp_path / "run", "--steps", 2)
     waited = time.perf_counter() - t0
     assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.replace("│", " ").split())  # the summary table's cells wrap

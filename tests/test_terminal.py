@@ -11,7 +11,7 @@ import sys
 
 import pexpect
 import pytest
-from conftest import cli, one_line_error, strip_ansi
+from conftest import TINY, cli, one_line_error, strip_ansi
 from rich.console import Console
 
 from charlm.views.text import Loading
@@ -272,9 +272,7 @@ def test_sample_attn_and_gates_print_json(view_runs):
 
 def test_a_flag_for_another_kind_of_model_is_not_silently_ignored(tmp_path, cmp_corpus):
     """Found: `--model lstm --heads 4` trained an LSTM without a word about --heads."""
-    r = cli("train", cmp_corpus, "--model", "lstm", "--heads", "4", "--layers", "1", "--d-model", "16",
-            "--context", "16", "--batch-size", "4", "--steps", "2", "--eval-iters", "1", "--sample-tokens", "0",
-            "--device", "cpu", "--out", tmp_path / "run")  # fmt: skip
+    r = cli("train", cmp_corpus, *TINY, "--model", "lstm", "--heads", "4", "--steps", "2", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     assert "--heads applies to transformer runs only: ignored for this lstm run" in r.stderr
 
