@@ -127,7 +127,7 @@ class Saved:
             raise CheckpointError(f"{path} is a damaged charlm checkpoint ({problem})")
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
-            train_config = TrainConfig.from_dict(data["train_config"]).validate()
+            train_config = TrainConfig.from_dict(data["train_config"])  # (validated as it is made)
             corpus = Corpus(**data["corpus"]) if data.get("corpus") is not None else None
         except (ConfigError, TypeError) as e:
             raise CheckpointError(f"{path} is an incompatible charlm checkpoint ({last_words(e)})") from None

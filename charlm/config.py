@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from charlm.settings import (
+    Validated,
     check,
     check_paths,
     check_seed,
@@ -63,7 +64,7 @@ def unknown_flag(**kw):
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer is (validate() then)
     kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS, section="Model")
     vocab_size: int = internal(0)  # set from the tokenizer
     n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True, section="Model")
@@ -162,7 +163,7 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Validated):
     tokenizer: str = flag(
         "char", "Character-level, or byte-level BPE trained on the corpus.", choices=TOKENIZERS, section="Data"
     )
@@ -316,7 +317,7 @@ NONE_WORDS = ("none", "off", "random")  # typed for a setting that may be empty 
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(Validated):
     """How a prompt is read and each next token picked: the flags of sample, chat and compare, and chat's /set."""
 
     temperature: float = flag(0.8, "0: greedy (always the most likely token).", short="t", example="0.8")

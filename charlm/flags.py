@@ -88,7 +88,8 @@ def config_options(cls, defaults: dict | None = None) -> list[click.Option]:
 
 
 def from_flags(cls, values: dict):
-    """The config the flags describe (a flag not given keeps the field's default), validated."""
+    """The config the flags describe (a flag not given keeps the field's default), validated as it is made
+    (settings.Validated; ModelConfig is checked by presets.train_configs, once its vocabulary is known)."""
     picked = {}
     for f in flag_fields(cls):
         value = values.get(f.name)
@@ -98,4 +99,4 @@ def from_flags(cls, values: dict):
             value = from_text(f, value)
         if value is not None:
             picked[f.name] = value
-    return cls(**picked).validate()
+    return cls(**picked)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from charlm.config import device_flag, unknown_flag
 from charlm.errors import ConfigError
 from charlm.presets import PRESETS
-from charlm.settings import check, check_paths, check_seed, check_types, flag
+from charlm.settings import Validated, check, check_paths, check_seed, check_types, flag
 
 
 def no_cache_flag():
@@ -20,7 +20,7 @@ def no_cache_flag():
 
 
 @dataclass
-class ViewConfig:
+class ViewConfig(Validated):
     """What part of a text the viewers show: the flags attn and gates share, and the words of /attn and /gates."""
 
     layer: int | None = flag(None, "Layer (from 0) [default: the last].", positional=True)
@@ -86,7 +86,7 @@ class GatesConfig(ViewConfig):
 
 
 @dataclass
-class PlotConfig:
+class PlotConfig(Validated):
     """What `charlm plot` draws."""
 
     y: str = flag(
@@ -104,7 +104,7 @@ class PlotConfig:
 
 
 @dataclass
-class LabConfig:
+class LabConfig(Validated):
     """How `charlm lab NAME` runs an experiment (charlm.lab.run_experiment) and draws it."""
 
     quick: bool = flag(False, "Test size: seconds instead of minutes.")
@@ -127,7 +127,7 @@ class LabConfig:
 
 
 @dataclass
-class TrainOptions:
+class TrainOptions(Validated):
     """`charlm train`'s flags that are not the run's settings (a checkpoint records those: ModelConfig,
     TrainConfig)."""
 
@@ -150,7 +150,7 @@ class TrainOptions:
 
 
 @dataclass
-class PromptOptions:
+class PromptOptions(Validated):
     """Where a command's text comes from (commands.generate.read_prompt)."""
 
     prompt: str | None = flag(None, "The text [default: --prompt-file, else stdin when piped, else none].", short="p")
@@ -164,7 +164,7 @@ class PromptOptions:
 
 
 @dataclass
-class SampleOptions:
+class SampleOptions(Validated):
     """`charlm sample`'s flags beside its prompt and its SampleConfig."""
 
     num_samples: int = flag(1, "Samples, separated by a line '---'.")
@@ -180,7 +180,7 @@ class SampleOptions:
 
 
 @dataclass
-class ChatOptions:
+class ChatOptions(Validated):
     """`charlm chat`'s flags beside its SampleConfig."""
 
     mode: str = flag("fresh", "Each prompt starts anew, or continues the running text.", choices=("fresh", "continue"))
@@ -228,7 +228,7 @@ class ExploreOptions(PromptOptions):
 
 
 @dataclass
-class EvalOptions:
+class EvalOptions(Validated):
     """How `charlm eval` reads its text."""
 
     stride: int | None = flag(None, "Transformer: tokens each window advances [default: context/2].")
@@ -244,7 +244,7 @@ BITS = (32, 16, 8, 4)  # what charlm compress stores a weight in: float32, bf16,
 
 
 @dataclass
-class CompressOptions:
+class CompressOptions(Validated):
     """How `charlm compress` makes a smaller run, and how it measures it."""
 
     to: str | None = flag(None, "Directory of the compressed run (every command opens it).")
@@ -273,7 +273,7 @@ class CompressOptions:
 
 
 @dataclass
-class CompareOptions:
+class CompareOptions(Validated):
     """`charlm compare`'s flags beside its SampleConfig."""
 
     prompt: str = flag("", "Text every model continues [default: none].", short="p")

@@ -17,6 +17,14 @@ from charlm.errors import ConfigError
 NONE_WORDS = ("none", "off", "random")  # typed for a setting that may be empty (a seed, the stop strings)
 
 
+class Validated:
+    """A config that validates itself when it is made (and when dataclasses.replace makes a changed copy): every
+    one that exists is valid, so a command takes it as it is, from the CLI or from Python alike."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+
 def check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)

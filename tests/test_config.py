@@ -13,7 +13,7 @@ from conftest import TINY
 from charlm.cli import main
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.errors import ConfigError
-from charlm.options import LabConfig, PlotConfig
+from charlm.options import LabConfig, PlotConfig, PromptOptions, SampleOptions
 from charlm.presets import PRESET_TABLE
 from charlm.settings import flag_name
 
@@ -150,6 +150,23 @@ def test_train_validates_each_config_once(tmp_path, monkeypatch):
     # the CLI's one check of each, before any work; the second ModelConfig is build_model's own guard (models/,
     # an entry point of its own). It was three of each before.
     assert sorted(calls) == ["ModelConfig", "ModelConfig", "TrainConfig"]
+
+
+def test_sample_validates_each_config_once_and_python_callers_too(gen_runs, monkeypatch):
+    """A command's configs validate as they are made (the CLI's from_flags makes them): `charlm sample` checks
+    each once and the command function does not check again; from Python, a bad value is refused where the
+    config is made, before any command runs."""
+    calls = []
+    for cls in (PromptOptions, SampleConfig, SampleOptions):
+        original = cls.validate
+        monkeypatch.setattr(cls, "validate", lambda self, o=original, c=cls: calls.append(c.__name__) or o(self))
+    r = CliRunner().invoke(main, ["sample", str(gen_runs["lstm"]), "-p", "RO", "-n", "5", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert sorted(calls) == ["PromptOptions", "SampleConfig", "SampleOptions"]
+    with pytest.raises(ConfigError, match="--num-samples must be at least 1"):
+        SampleOptions(num_samples=0)
+    with pytest.raises(ConfigError, match="temperature must be between 0 and 100"):
+        dataclasses.replace(SampleConfig(), temperature=-1.0)
 
 
 @pytest.mark.parametrize("command, cls", [("plot", PlotConfig), ("lab", LabConfig)])

@@ -134,7 +134,6 @@ def _label(bits: int, heads: int, units: int, chance: bool = False) -> str:
 
 def compress(ckpt: str, opts: CompressOptions) -> Compressed:
     """Write the compressed run to opts.to (its best.pt), and measure it and the original on the same text."""
-    opts.validate()
     to = Path(opts.to)
     if (to / "best.pt").exists() or (to / "last.pt").exists():
         raise ConfigError(f"--to {to} already holds a run: give a new directory")
@@ -150,7 +149,6 @@ def compress(ckpt: str, opts: CompressOptions) -> Compressed:
 def report(ckpt: str, opts: CompressOptions) -> Report:
     """Every method at a few settings: bf16, int8, int4, then heads (Transformer) or units (LSTM/GRU) dropped
     from 1 (an eighth of the units) up to half; each written, loaded back and measured. Writes nothing that stays."""
-    opts.validate()
     s = _Session(ckpt, opts)
     cfg = s.cfg
     settings = [(32, 0, 0, False), (16, 0, 0, False), (8, 0, 0, False), (4, 0, 0, False)]

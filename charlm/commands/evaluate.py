@@ -31,7 +31,7 @@ class Evaluation:
 def evaluate(ckpt: str, file: str, opts: EvalOptions | None = None, progress: Progress | None = None) -> Evaluation:
     """Score the whole file (see charlm.evaluate for what is counted and how a text longer than the
     context is read). progress(done, total) as tokens are scored."""
-    opts = (opts or EvalOptions()).validate()
+    opts = opts or EvalOptions()
     ck = checkpoint.load(ckpt, device=pick_device(opts.device))
     result = evaluate_file(ck.model, ck.tokenizer, file, stride=opts.stride, unknown=opts.unknown, progress=progress)
     return Evaluation(ck, Path(file), result)

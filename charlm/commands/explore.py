@@ -464,7 +464,6 @@ def load(ckpt: str, text: str | None, opts: ExploreOptions):
     from charlm import checkpoint
     from charlm.commands.generate import read_prompt
 
-    opts.validate()
     if text is not None and (opts.prompt is not None or opts.prompt_file is not None):
         raise ConfigError("give the text once: as the TEXT argument, --prompt or --prompt-file")
     if text == "" or opts.prompt == "":

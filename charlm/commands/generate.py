@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from charlm import checkpoint
 from charlm.config import SampleConfig
@@ -32,14 +33,14 @@ class Continuation:
 def sample(ckpt: str, prompt: str, settings: SampleConfig, opts: SampleOptions | None = None) -> Iterator[Continuation]:
     """opts.num_samples continuations of prompt by the checkpoint (a file or a run directory). With a seed,
     sample i uses seed + i: the same seed gives the same samples."""
-    settings.validate()
-    opts = (opts or SampleOptions()).validate()
+    opts = opts or SampleOptions()
     ck = checkpoint.load(ckpt, device=pick_device(opts.device))
     ids = ck.tokenizer.encode(prompt, unknown=settings.unknown)
     shown = ck.tokenizer.decode(ids)
     streamer = Streamer(ck.model, ck.tokenizer, use_cache=not opts.no_cache)
     for i in range(opts.num_samples):
-        run = replace(settings, seed=None if settings.seed is None else settings.seed + i)
+        run = copy.copy(settings)  # settings with the seed moved on: checked when made (seed + i may pass 2^63 - 1)
+        run.seed = None if settings.seed is None else settings.seed + i
         streamer.reset()
         yield Continuation(shown, len(ids), streamer.stream(ids, run), streamer)
 
@@ -50,7 +51,7 @@ MAX_PROMPT_BYTES = 16 << 20  # far beyond any context: a prompt is cut to the mo
 def read_prompt(where: PromptOptions) -> str:
     """The text a command reads: --prompt, else the file --prompt-file names ('-': stdin), else stdin when
     it is piped, else none."""
-    prompt, prompt_file = where.validate().prompt, where.prompt_file
+    prompt, prompt_file = where.prompt, where.prompt_file
     if prompt is not None:
         return prompt
     if prompt_file is None and sys.stdin.isatty():

@@ -42,7 +42,6 @@ def attention(model, tokenizer, ids: list[int], opts: AttnConfig) -> Attention:
         raise ConfigError(
             f"this {model.cfg.kind.upper()} has no attention; charlm gates (/gates in chat) shows its gates"
         )
-    opts.validate()
     cfg = model.cfg
     layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
     if not 0 <= layer < cfg.n_layers:
@@ -59,7 +58,6 @@ def gates(model, ids: list[int], opts: GatesConfig, fits=None) -> Gates:
     fits(trace) -> how many units fit the screen, when opts does not say (None: the default number)."""
     if "gates" not in model.capabilities:
         raise ConfigError(f"a {model.cfg.kind} has no gates; charlm attn (/attn in chat) shows its attention")
-    opts.validate()
     if not ids:
         raise ConfigError("there is no text to look at yet: give a prompt first")
     cfg = model.cfg
