@@ -741,7 +741,7 @@ def screenshot(app: ExploreApp, path: str, size: tuple[int, int]) -> None:
 
 
 def explore(ck, ids: list[int], opts) -> None:
-    """`charlm explore`: the app on a loaded checkpoint and a text (opts: config.ExploreOptions)."""
+    """`charlm explore`: the app on a loaded checkpoint and a text (opts: options.ExploreOptions)."""
     if not opts.screenshot and not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise ConfigError(
             "explore is a full-screen app: run it in a terminal, or draw its first screen with --screenshot FILE.svg"

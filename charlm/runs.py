@@ -236,7 +236,7 @@ def find_runs(root: Path = RUNS) -> list[Path]:
 
 def describe(run: Path) -> dict:
     """What `charlm runs` shows of one run, read from its last.pt (plain values: a table row or JSON)."""
-    from charlm import checkpoint  # runs.py sits below checkpoint for train.py's sake; only listing needs it
+    from charlm import checkpoint  # runs.py sits below checkpoint for resume.py's sake; only listing needs it
 
     row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
     try:

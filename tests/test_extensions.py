@@ -150,7 +150,7 @@ def count(ckpt, opts):
 COUNT_OPTIONS = '''
 
 @dataclass
-class CountOptions:
+class CountOptions(Validated):
     """`charlm count`'s flags."""
 
     text: str = flag("", "The text to count.", short="p")
@@ -239,7 +239,7 @@ def changed(tmp_path_factory):
     return root, tmp, run
 
 
-def test_a_new_model_family_needs_the_three_files_the_document_names(changed):
+def test_a_new_model_family_needs_the_four_files_the_document_names(changed):
     root, tmp, run = changed
     presets = charlm(root, tmp, "train", "--help").stdout
     assert "bigram 1 layers × 16, context 32" in " ".join(presets.split())  # its presets reach --help

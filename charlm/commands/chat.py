@@ -11,7 +11,7 @@ editing and history (readline; the history file lives in the charlm cache direct
 text and the settings), Ctrl-D or /bye leaves. With stdin not a terminal, every input line is a prompt and
 the output is plain text: scriptable.
 
-/set KEY VALUE takes every field of config.SampleConfig, /attn and /gates the fields of config.AttnConfig
+/set KEY VALUE takes every field of config.SampleConfig, /attn and /gates the fields of options.AttnConfig
 and GatesConfig as words: a new setting there is a new word here, with its help.
 """
 

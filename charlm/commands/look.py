@@ -1,5 +1,5 @@
 """`charlm attn` and `charlm gates` as functions: the numbers the viewers draw, read off a model's own forward
-pass (models/probes.py), for a text and the view options (config.AttnConfig / GatesConfig). Chat's /attn and
+pass (models/probes.py), for a text and the view options (options.AttnConfig / GatesConfig). Chat's /attn and
 /gates call the same functions on its running text."""
 
 from __future__ import annotations

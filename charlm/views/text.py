@@ -56,7 +56,7 @@ def shell_quote(text: object) -> str:
 
 def duration(seconds: float) -> str:
     """How long something took or will take, one way everywhere: '0.4s', '9.7s', '45s', '2m04s', '1h05m'
-    (what --max-time reads back: config.parse_duration)."""
+    (what --max-time reads back: settings.parse_duration)."""
     if seconds < 9.95:
         return f"{seconds:.1f}s"
     s = round(seconds)
