@@ -78,9 +78,7 @@ def model_path(name: str) -> str:
     picked = [r for r in found if r.name == name] or [r for r in found if r.name.startswith(name)]
     if len(picked) > 1:
         names = ", ".join(sorted(r.name for r in picked))
-        raise CheckpointError(
-            f"'{name}' could be {len(picked)} runs in {runs.RUNS}/: {names}; give one whole name"
-        )
+        raise CheckpointError(f"'{name}' could be {len(picked)} runs in {runs.RUNS}/: {names}; give one whole name")
     if picked:
         return str(picked[0])
     raise CheckpointError(f"no such checkpoint or run: {name} (charlm runs lists the runs in {runs.RUNS}/)")
