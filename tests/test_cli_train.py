@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import CITIZENS, TINY, cli, one_line_error
 
-from charlm import checkpoint
+from charlm import checkpoint, runs
 from charlm.train import Trainer
 
 
@@ -149,6 +149,21 @@ def test_resume_continues_to_the_new_total(run, corpus):
     assert metrics.startswith(before)
     assert [json.loads(line)["step"] for line in metrics.splitlines()] == [5, 10, 15, 20]
     assert checkpoint.read(run / "last.pt").step == 20
+
+
+def test_resume_reads_last_pt_and_decides_once(run, corpus, monkeypatch):
+    """Regression (issue 27): commands.train read the whole last.pt and applied the resume rule, then the
+    Trainer did both again. Now resume.resume_run does it once and the Trainer takes its Resumed."""
+    read, ruled = [], []
+    real_read, real_rule = checkpoint.read, runs.resume_configs
+    monkeypatch.setattr(
+        checkpoint, "read", lambda path, *a, **kw: read.append(Path(path).name) or real_read(path, *a, **kw)
+    )
+    monkeypatch.setattr(runs, "resume_configs", lambda *a, **kw: ruled.append(1) or real_rule(*a, **kw))
+    r = cli("train", corpus, "--out", run, "--resume", "--steps", 12, "--eval-interval", 6)
+    assert r.exit_code == 0, r.output
+    assert read == ["last.pt"] and len(ruled) == 1
+    assert real_read(run / "last.pt").step == 12
 
 
 def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
