@@ -1,6 +1,6 @@
 """The same tuning effort for each family: the learning-rate × steps grid behind the defaults of `charlm lab
 copy` and `charlm lab recall`. For each task, family and learning rate one model trains with the lab's own
-recipe (charlm.lab.common: model, trainer, held-out lines; a constant rate, so the model at step s of the
+recipe (charlm.lab.training: model, trainer; tasks: held-out lines; a constant rate, so the model at step s of the
 longest run is the model a run of s steps gives) and is scored at every step count of the grid. Each family's
 default learning rate is its best cell's (the highest mean accuracy over the sizes); both families then train
 1,500 steps, above the grid's best (1,000), as the step where a circuit forms varies with the seed.
@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from charlm.lab import copy, recall, tasks
-from charlm.lab.common import FAMILIES, PYTORCH_INIT, accuracy, lab_model, lab_train_config, lab_trainer
+from charlm.lab.scoring import accuracy
+from charlm.lab.sweep import FAMILIES
+from charlm.lab.training import PYTORCH_INIT, lab_model, lab_train_config, lab_trainer
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("task", choices=("copy", "recall"))

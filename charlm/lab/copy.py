@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, load_run, params, pct, per_seed, seeds_of, span, sweep
+from charlm.lab.result import Chart, Clock, LabResult, params, pct, per_seed, seeds_of, span
+from charlm.lab.sweep import sweep
+from charlm.lab.training import load_run
 from charlm.models.probes import capture_attention
 
 DEFAULTS = dict(
@@ -57,6 +59,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
     tested = tuple(s["lengths"])
     records, runs = sweep(
         "copy",
+        "length",
         tuple(range(lo, hi + 1)),
         tested,
         s,
