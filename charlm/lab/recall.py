@@ -29,6 +29,8 @@ DEFAULTS = dict(
     # varies with the seed (in seed 3 at no lr by step 500)
     steps={"transformer": 1500, "lstm": 1500},
     lr={"transformer": 3e-3, "lstm": 1e-2},
+    decay={"transformer": False, "lstm": False},  # constant rates: a circuit that forms late still has the rate
+    positions="learned",  # the Transformer's: one example a window, always from its start
     d_model=64,
     layers=2,
     heads=2,

@@ -30,8 +30,9 @@ def sweep(
     pad: int | None = None,
     beside=lambda size: {},
 ) -> tuple[list[dict], dict]:
-    """Train a Transformer (settings s) and an LSTM of about its size, each family at its own learning rate and
-    steps (s["lr"][family], s["steps"][family]: the best of the same sweep for each, benchmarks/lab_tune.py),
+    """Train a Transformer (settings s) and an LSTM of about its size, each family at its own learning rate, steps
+    and schedule (s["lr"][family], s["steps"][family], s["decay"][family]: the best of the same sweep for each,
+    benchmarks/lab_tune.py),
     one model per family and seed that learns every size of `trained` at once (lines of each size mixed:
     padded with newlines to `pad` characters, one line a window, or packed one after another), and score it
     at every size of `tested` (a record names it `key`) on held-out lines (tasks.examples: never a training line). beside(size): the
@@ -51,9 +52,10 @@ def sweep(
             )
             t0 = clock()
             data = tasks.corpus(task, tuple(trained), s["train_chars"], seed + max(trained), pad=pad, heldout=True)
-            # the reference's optimizer: AdamW, betas (0.9, 0.95), a constant rate from the first step
+            # the reference's optimizer: AdamW, betas (0.9, 0.95), from the first step a constant rate or (decay)
+            # a cosine decay to a tenth of it
             train_cfg = lab_train_config(
-                steps, seed, device, s["batch_size"], lr, constant_lr=True, beta2=0.95, warmup=0
+                steps, seed, device, s["batch_size"], lr, constant_lr=not s["decay"][kind], beta2=0.95, warmup=0
             )
             ck = load_run(train_model(data, out / name, cfg, train_cfg, PYTORCH_INIT))
             for n in tested:

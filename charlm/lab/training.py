@@ -167,7 +167,7 @@ def lab_model(task: str, s: dict, context: int, kind: str) -> ModelConfig:
         d_model=s["d_model"],
         n_heads=s["heads"],
         context=context,
-        positions="learned",  # one example a window, always from its start: absolute positions suffice
+        positions=s["positions"],
         tied=False,  # a head of its own: tied, the key's own embedding pulls each answer toward the key
     )
     return tf if kind == "transformer" else matched_rnn(tf, kind)
