@@ -1,4 +1,4 @@
-"""When does a recall Transformer form its lookup circuit? The lab's model and trainer (charlm.lab.common) on
+"""When does a recall Transformer form its lookup circuit? The lab's model and trainer (charlm.lab.training) on
 recall examples of one P or of several mixed (one a row, padded to the longest), scored on fresh examples at
 each P every --every steps. What benchmarks/RESULTS.md ("Lab") quotes for the choices behind `charlm lab
 recall`: PyTorch's init against one std of 0.07, one P against a mixture.
@@ -19,7 +19,8 @@ import torch
 
 from charlm.config import ModelConfig
 from charlm.lab import tasks
-from charlm.lab.common import PYTORCH_INIT, Init, accuracy, lab_train_config, lab_trainer, matched_rnn
+from charlm.lab.scoring import accuracy
+from charlm.lab.training import PYTORCH_INIT, Init, lab_train_config, lab_trainer, matched_rnn
 
 INITS = {"pytorch": PYTORCH_INIT, "std0.07": Init(0.07, embeddings=1.0, residual=0.07)}  # the second: last round's
 

@@ -15,7 +15,7 @@ import statistics
 from rich.console import Console
 
 from charlm.lab import copy, recall
-from charlm.lab.common import Chart, LabResult, record, spread
+from charlm.lab.result import Chart, LabResult, record, spread
 from charlm.views.lab import render_lab
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,13 +1,15 @@
 """The same tuning effort for each family: the learning-rate × steps grid behind the defaults of `charlm lab
 copy` and `charlm lab recall`. For each task, family and learning rate one model trains with the lab's own
-recipe (charlm.lab.common: model, trainer, held-out lines; a constant rate, so the model at step s of the
-longest run is the model a run of s steps gives) and is scored at every step count of the grid. Each family's
-default learning rate is its best cell's (the highest mean accuracy over the sizes); both families then train
-1,500 steps, above the grid's best (1,000), as the step where a circuit forms varies with the seed.
+recipe (charlm.lab.training: model, trainer; tasks: held-out lines; a constant rate, so the model at step s of
+the longest run is the model a run of s steps gives; --decay: a cosine decay, one run per step count) and is
+scored at every step count of the grid. Each family's default learning rate is its best cell's (the highest
+mean accuracy over the sizes); both families then train 1,500 steps, above the grid's best (1,000), as the
+step where a circuit forms varies with the seed.
 benchmarks/RESULTS.md ("Lab") has the table.
 
     python benchmarks/lab_tune.py recall --seed 3
     python benchmarks/lab_tune.py copy --seed 3 --lrs 1e-3,3e-3,1e-2 --steps 500,1000,2000
+    python benchmarks/lab_tune.py copy --seed 101 --lrs 3e-3,1e-2 --steps 1500 --decay
 
 Prints one line per (family, lr, steps): CPU seconds so far and the accuracy at each size. One thread, float32.
 """
@@ -20,7 +22,9 @@ from pathlib import Path
 import torch
 
 from charlm.lab import copy, recall, tasks
-from charlm.lab.common import FAMILIES, PYTORCH_INIT, accuracy, lab_model, lab_train_config, lab_trainer
+from charlm.lab.scoring import accuracy
+from charlm.lab.sweep import FAMILIES
+from charlm.lab.training import PYTORCH_INIT, lab_model, lab_train_config, lab_trainer
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("task", choices=("copy", "recall"))
@@ -28,11 +32,13 @@ ap.add_argument("--seed", type=int, default=3, help="a seed the lab's figures ar
 ap.add_argument("--lrs", default="1e-3,3e-3,1e-2")
 ap.add_argument("--steps", default="500,1000,2000")
 ap.add_argument("--families", default=",".join(FAMILIES))
+ap.add_argument("--decay", action="store_true", help="a cosine decay to a tenth of the rate (one run per step count)")
+ap.add_argument("--positions", help="the Transformer's positions (default: the task's)")
 a = ap.parse_args()
 
 torch.set_num_threads(1)
 module = {"copy": copy, "recall": recall}[a.task]
-s = module.DEFAULTS
+s = {**module.DEFAULTS, **({"positions": a.positions} if a.positions else {})}
 if a.task == "copy":
     lo, hi = s["trained"]
     trained, tested = tuple(range(lo, hi + 1)), tuple(n for n in s["lengths"] if n <= hi)
@@ -44,32 +50,45 @@ else:
 grid = [int(x) for x in a.steps.split(",")]
 data = tasks.corpus(a.task, trained, s["train_chars"], a.seed + max(trained), pad=pad, heldout=True)
 fresh = {n: tasks.examples(a.task, n, s["eval_examples"], a.seed + 10_000 + n) for n in tested}
+
+
+def score(trainer) -> dict:
+    trainer.model.eval()
+    acc = {n: accuracy(trainer.model, trainer.tokenizer, ex) for n, ex in fresh.items()}
+    trainer.model.train()
+    return acc
+
+
+def show(kind, lr, steps, cpu, acc) -> None:
+    mean = sum(acc.values()) / len(acc)
+    each = " ".join(f"{n}:{v:.3f}" for n, v in acc.items())
+    schedule = "decay" if a.decay else "constant"
+    print(
+        f"{a.task} {kind} seed {a.seed} lr {lr:g} {schedule} steps {steps} cpu {cpu:.0f} s mean {mean:.3f}  {each}",
+        flush=True,
+    )
+
+
 for kind in a.families.split(","):
     for lr in (float(x) for x in a.lrs.split(",")):
         cfg = lab_model(a.task, s, context, kind)
-        train_cfg = lab_train_config(
-            max(grid),
-            a.seed,
-            "cpu",
-            s["batch_size"],
-            lr,
-            eval_interval=max(grid),
-            constant_lr=True,
-            beta2=0.95,
-            warmup=0,
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            trainer = lab_trainer(data, Path(tmp) / "run", cfg, train_cfg, PYTORCH_INIT)
-            t0 = time.process_time()
-            for steps in grid:
-                trainer.fit(until=steps)
-                trainer.model.eval()
-                acc = {n: accuracy(trainer.model, trainer.tokenizer, ex) for n, ex in fresh.items()}
-                trainer.model.train()
-                mean = sum(acc.values()) / len(acc)
-                each = " ".join(f"{n}:{v:.3f}" for n, v in acc.items())
-                print(
-                    f"{a.task} {kind} seed {a.seed} lr {lr:g} steps {steps} cpu {time.process_time() - t0:.0f} s "
-                    f"mean {mean:.3f}  {each}",
-                    flush=True,
-                )
+        # constant: one run, scored at every step count of the grid; decay: one run per step count (the rate
+        # falls over the whole run, so step s of a longer run is not what an s-step run gives)
+        for run_steps in grid if a.decay else [max(grid)]:
+            train_cfg = lab_train_config(
+                run_steps,
+                a.seed,
+                "cpu",
+                s["batch_size"],
+                lr,
+                eval_interval=run_steps,
+                constant_lr=not a.decay,
+                beta2=0.95,
+                warmup=0,
+            )
+            with tempfile.TemporaryDirectory() as tmp:
+                trainer = lab_trainer(data, Path(tmp) / "run", cfg, train_cfg, PYTORCH_INIT)
+                t0 = time.process_time()
+                for steps in [run_steps] if a.decay else grid:
+                    trainer.fit(until=steps)
+                    show(kind, lr, steps, time.process_time() - t0, score(trainer))

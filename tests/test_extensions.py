@@ -8,6 +8,7 @@ The edits are insertions after an anchor line, so a reader sees each change whol
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -107,7 +108,8 @@ TOY_EXPERIMENT = '''"""toy: a lab experiment for tests/test_extensions.py (no mo
 
 import random
 
-from charlm.lab.common import Chart, Clock, LabResult
+from charlm.lab import tasks
+from charlm.lab.result import Chart, Clock, LabResult
 
 DEFAULTS = dict(flips=200)
 QUICK = dict(flips=50)
@@ -121,7 +123,13 @@ def run(out, seed=0, seeds=1, device="cpu", progress=print, **settings):
         rng = random.Random(k)
         heads = sum(rng.random() < 0.5 for _ in range(s["flips"])) / s["flips"]
         records.append({"seed": k, "heads": heads, "chance": 0.5})
-    reading = f"Heads came up {records[0]['heads']:.0%} of {s['flips']} flips (chance 50%)."
+    lines = tasks.corpus("reverse", (3, 4), 2000, seed, heldout=True).text.split("\\n")[1:-1]
+    test = tasks.examples("reverse", 4, 20, seed)
+    reading = (
+        f"Heads came up {records[0]['heads']:.0%} of {s['flips']} flips (chance 50%). "
+        f"reverse: {len(lines)} training lines, {len(set(lines) & {e.text for e in test})} of them in the test set, "
+        f"first test line {test[0].text}."
+    )
     return LabResult("toy", {**s, "device": device}, records, reading, Chart("seed", "heads", None, "seed", "share"),
                      seconds=clock())
 '''
@@ -212,6 +220,18 @@ CHANGES = {  # file -> (anchor, what is inserted after it): the four changes, ea
             "        probs = probs / probs.sum()\n",
         ),
     ],
+    "lab/tasks.py": [  # a lab task: its example and one entry
+        (
+            "TASKS = {\n",
+            '    "reverse": Task(lambda rng, n: reverse_example(rng, n), SYMBOLS + SEP, lambda n: 2 * n + 1),\n',
+        ),
+        (
+            "    return Example(half + half, list(range(s + 1, 2 * s)))  # the repeat's first letter cannot be foreseen\n",
+            "\n\ndef reverse_example(rng, n):\n"
+            '    s = "".join(rng.choice(SYMBOLS) for _ in range(n))\n'
+            "    return Example(s + SEP + s[::-1], list(range(n + 1, 2 * n + 1)))\n",
+        ),
+    ],
     "lab/__init__.py": [  # a lab experiment: its line
         ("EXPERIMENTS = {\n", '    "toy": "a coin flipped: the share of heads against chance",\n'),
         ('SEEDED = ("copy"', ', "toy"'),
@@ -272,6 +292,10 @@ def test_a_new_lab_experiment_needs_the_two_files_the_document_names(changed):
     assert "toy" in charlm(root, tmp, "lab").stdout
     quick = charlm(root, tmp, "lab", "toy", "--quick", "--seeds", "2", "--json").stdout
     assert '"flips": 50' in quick and '"seed": 1' in quick
+    line = json.loads(quick)["reading"].split("first test line ")[1].rstrip(".")  # a lab task: one entry
+    n = len(line) // 2
+    assert len(line) == 2 * n + 1 and line[n] == "|" and line[n + 1 :] == line[:n][::-1]
+    assert "0 of them in the test set" in quick
 
 
 def test_a_new_command_needs_the_four_files_the_document_names(changed):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from charlm.errors import ConfigError
 from charlm.generate import one_thread
-from charlm.lab.common import LAB_DIR, LabResult
+from charlm.lab.result import LabResult
+from charlm.lab.training import LAB_DIR
 from charlm.options import LabConfig
 
 __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]

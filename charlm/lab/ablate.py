@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
-from charlm.lab.common import TARGETS, Chart, Clock, LabResult, load_run, record
+from charlm.lab.result import Chart, Clock, LabResult, record
+from charlm.lab.training import TARGETS, load_run
 from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
 
 DEFAULTS = dict(max_chars=8192, rows=16, units=8)

@@ -4,7 +4,7 @@ the longest, mixed, with the same budget; each is then scored at every N of a gr
 
 N symbols are N · log2 10 bits that must cross the separator inside the state: H cell values and H
 outputs. From the accuracy a at each N, N · I(a) bits at least crossed, where I(a) is what one copied
-symbol carries when it is right with probability a and wrong evenly otherwise (common.bits_per_symbol):
+symbol carries when it is right with probability a and wrong evenly otherwise (scoring.bits_per_symbol):
 by Fano's inequality a mean accuracy a needs at least that much information, so it is a lower bound on
 what crossed, not a measure of all of it. The most over N is given beside the state's size in numbers. It
 is what this budget taught, not what the state could hold in principle (float32 numbers hold far more),
@@ -19,19 +19,9 @@ from pathlib import Path
 
 from charlm.config import ModelConfig
 from charlm.lab import tasks
-from charlm.lab.common import (
-    Chart,
-    Clock,
-    LabResult,
-    accuracy,
-    bits_per_symbol,
-    lab_train_config,
-    load_run,
-    record,
-    seeds_of,
-    spread,
-    train_model,
-)
+from charlm.lab.result import Chart, Clock, LabResult, record, seeds_of, spread
+from charlm.lab.scoring import accuracy, bits_per_symbol
+from charlm.lab.training import lab_train_config, load_run, train_model
 from charlm.models import config_params
 
 DEFAULTS = dict(

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from charlm.config import ModelConfig
-from charlm.lab.common import Chart, Clock, LabResult, fit_exponent, record
+from charlm.lab.result import Chart, Clock, LabResult, record
+from charlm.lab.scoring import fit_exponent
 from charlm.models import build_model, config_params
 from charlm.presets import preset
 

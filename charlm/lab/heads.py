@@ -20,13 +20,8 @@ import numpy as np
 import torch
 
 from charlm.errors import ConfigError
-from charlm.lab.common import (
-    Chart,
-    Clock,
-    LabResult,
-    load_run,
-    record,
-)
+from charlm.lab.result import Chart, Clock, LabResult, record
+from charlm.lab.training import load_run
 from charlm.models.probes import capture_attention
 
 QUICK: dict = {}

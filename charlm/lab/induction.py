@@ -31,18 +31,10 @@ import torch
 from charlm.config import ModelConfig
 from charlm.lab import tasks
 from charlm.lab.ablate import _nats, head_knockouts
-from charlm.lab.common import (
-    INDUCTION_INIT,
-    Chart,
-    Clock,
-    LabResult,
-    lab_train_config,
-    lab_trainer,
-    record,
-    scored,
-    seeds_of,
-)
 from charlm.lab.heads import probe_ids, score_heads
+from charlm.lab.result import Chart, Clock, LabResult, record, seeds_of
+from charlm.lab.scoring import scored
+from charlm.lab.training import INDUCTION_INIT, lab_train_config, lab_trainer
 from charlm.models.probes import capture_attention
 
 DEFAULTS = dict(

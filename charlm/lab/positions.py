@@ -38,18 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import POSITIONS, ModelConfig
-from charlm.lab.common import (
-    PYTORCH_INIT,
-    Chart,
-    Clock,
-    LabResult,
-    lab_train_config,
-    lab_trainer,
-    record,
-    scored,
-    seeds_of,
-)
+from charlm.lab.result import Chart, Clock, LabResult, record, seeds_of
+from charlm.lab.scoring import scored
 from charlm.lab.tasks import Example, TaskText
+from charlm.lab.training import PYTORCH_INIT, lab_train_config, lab_trainer
 from charlm.models import build_model
 
 SYMBOLS = string.ascii_letters + string.digits  # 62: a line of up to 62 distinct ones

@@ -19,7 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from charlm.lab import tasks
-from charlm.lab.common import Chart, Clock, LabResult, params, pct, per_seed, seeds_of, span, sweep
+from charlm.lab.result import Chart, Clock, LabResult, params, pct, per_seed, seeds_of, span
+from charlm.lab.sweep import sweep
 
 DEFAULTS = dict(
     pairs=(2, 4, 8, 16),
@@ -28,6 +29,8 @@ DEFAULTS = dict(
     # varies with the seed (in seed 3 at no lr by step 500)
     steps={"transformer": 1500, "lstm": 1500},
     lr={"transformer": 3e-3, "lstm": 1e-2},
+    decay={"transformer": False, "lstm": False},  # constant rates: a circuit that forms late still has the rate
+    positions="learned",  # the Transformer's: one example a window, always from its start
     d_model=64,
     layers=2,
     heads=2,
@@ -57,7 +60,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
     P = tuple(s["pairs"])
     context = tasks.example_length("recall", max(P)) + 1  # one whole line: its newline, the pairs, the questions
     records, runs = sweep(
-        "recall", P, P, s, context, out, seed_list, device, progress, pad=context - 1, beside=baselines
+        "recall", "pairs", P, P, s, context, out, seed_list, device, progress, pad=context - 1, beside=baselines
     )
     return LabResult(
         "recall",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import random
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,11 +78,25 @@ def induction_example(rng: random.Random, s: int) -> Example:
     return Example(half + half, list(range(s + 1, 2 * s)))  # the repeat's first letter cannot be foreseen
 
 
-TASKS = {"copy": copy_example, "recall": recall_example, "induction": induction_example}
+@dataclass(frozen=True)
+class Task:
+    """What the lab needs to know of a task: how to draw an example of a size, the characters its lines use, and
+    how long a line of a size is. A new task is one entry in TASKS."""
+
+    make: Callable[[random.Random, int], Example]
+    alphabet: str
+    length: Callable[[int], int]  # characters of one example of a size, without its newline
+
+
+TASKS = {
+    "copy": Task(copy_example, SYMBOLS + SEP, lambda n: 2 * n + 1),
+    "recall": Task(recall_example, KEYS + VALUES + ASK, lambda p: 2 * p + 3 * queries(p)),
+    "induction": Task(induction_example, LETTERS, lambda s: 2 * s),
+}
 
 
 def alphabet(task: str) -> str:
-    return {"copy": SYMBOLS + SEP, "recall": KEYS + VALUES + ASK, "induction": LETTERS}[task]
+    return TASKS[task].alphabet
 
 
 def vocab_size(task: str) -> int:
@@ -90,7 +105,7 @@ def vocab_size(task: str) -> int:
 
 def example_length(task: str, size: int) -> int:
     """Characters of one example of this size, without its newline."""
-    return {"copy": 2 * size + 1, "recall": 2 * size + 3 * queries(size), "induction": 2 * size}[task]
+    return TASKS[task].length(size)
 
 
 def held_out(text: str) -> bool:
@@ -105,7 +120,7 @@ def examples(task: str, size: int, count: int, seed: int) -> list[Example]:
     rng = random.Random(seed)
     out: list[Example] = []
     for _ in range(1000 * count):
-        e = TASKS[task](rng, size)
+        e = TASKS[task].make(rng, size)
         if held_out(e.text):
             out.append(e)
             if len(out) == count:
@@ -142,7 +157,7 @@ def corpus(
     n = len(lines[0])  # where the next newline goes
     starts, targets = [], []
     while n < chars:
-        e = TASKS[task](rng, rng.choice(choices) if len(choices) > 1 else choices[0])
+        e = TASKS[task].make(rng, rng.choice(choices) if len(choices) > 1 else choices[0])
         if heldout and held_out(e.text):
             continue
         starts.append(n)
