@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from charlm import checkpoint
-from charlm.explore_app import ExploreApp, TextPane
+from charlm.explore_app import ExploreApp
+from charlm.explore_widgets import TextPane
 from charlm.models import build_model
 from charlm.presets import train_configs
 from charlm.runtime import cpu_name

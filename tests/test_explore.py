@@ -34,7 +34,8 @@ from tests.conftest import VIEW_TEXT, cli, one_line_error
 textual = pytest.importorskip("textual")
 from textual.widgets import Input  # noqa: E402
 
-from charlm.explore_app import ExploreApp, TextPane, num  # noqa: E402
+from charlm.explore_app import ExploreApp  # noqa: E402
+from charlm.explore_widgets import TextPane, num  # noqa: E402
 
 SHORT = "ROMEO:\nBut soft, what light\nthrough yonder window breaks?"  # 55 characters: over the context of 48
 TWO_LINES = "ROMEO:\nBut soft, what light"  # 26: one window

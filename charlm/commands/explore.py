@@ -14,6 +14,9 @@ layer's output projection, as `lab ablate` does (charlm/lab/ablate.py), and re-r
 
 An LSTM/GRU reads the last MAX_GATE_TOKENS tokens from a fresh state; its gates come from probes.trace_gates
 (the same trace `charlm gates` draws), its logits from the model's own head on the last layer's states.
+
+Over ~450 lines on purpose: the two scenes share their predictions (Predicted), their knock-outs and their
+loading, and the explorer asks one module for either.
 """
 
 from __future__ import annotations
