@@ -16,8 +16,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from charlm.cli import main
-from charlm.commands.chat import parse_words
 from charlm.commands.look import gates
+from charlm.commands.words import parse_words
 from charlm.config import ConfigError, GatesConfig, ModelConfig, parse_units
 from charlm.models import build_model
 from charlm.models.probes import LayerTrace, choose_units, trace_model, trace_rnn

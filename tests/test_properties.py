@@ -28,7 +28,8 @@ from rich.console import Console
 
 from charlm import checkpoint, runs
 from charlm.checkpoint import CheckpointError, Saved
-from charlm.commands.chat import Chat, Hint, Session
+from charlm.commands.chat import Chat
+from charlm.commands.repl import Hint, Session
 from charlm.config import ConfigError, ModelConfig, SampleConfig, TrainConfig
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, param_shapes

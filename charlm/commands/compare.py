@@ -4,10 +4,11 @@ them round-robin), and compare -i, the chat input loop with every prompt going t
 from __future__ import annotations
 
 from charlm import checkpoint
-from charlm.commands.chat import LEAVE_HINT, Hint, Session
+from charlm.commands.repl import Hint, Session
 from charlm.comparison import Comparison
 from charlm.config import ConfigError, SampleConfig
 from charlm.runtime import pick_device
+from charlm.views.repl import LEAVE_HINT
 
 
 def compare(ckpts: list[str], settings: SampleConfig, *, device: str = "auto") -> Comparison:
