@@ -365,24 +365,20 @@ def compare(ckpts, as_json, **flags):
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.CompareOptions, flags)
     if as_json and opts.interactive:
         raise config.ConfigError("--json prints one run: drop --interactive or --json")
-    with Loading(f"loading {len(ckpts)} models"):
+    with Loading(f"loading {len(ckpts)} models") as loading:
         from charlm.commands.compare import CompareSession
-        from charlm.commands.compare import compare as load
+        from charlm.commands.compare import compare as run
         from charlm.views.compare import CompareView
-        from charlm.views.eval import EvalProgress
 
-        comparison = load(list(ckpts), settings, device=opts.device)
-    view = CompareView(comparison, out_console())
-    if opts.eval_file:
-        comparison.evaluate(opts.eval_file, lambda name: EvalProgress(err_console(), f"eval {name}"))
-        view.notes()  # e.g. a char model that cannot read the file: said once, up front
+        # --json: stdout holds the JSON alone (the bars of --eval stay on stderr)
+        view = CompareView(out_console(quiet=as_json), err_console(), before=loading)
+        comparison = run(list(ckpts), settings, opts, view)
     if opts.interactive:
-        CompareSession(comparison, view.show, view.console).run()
+        CompareSession(comparison, view).run()
     elif as_json:
-        comparison.run(opts.prompt)
         print_json(comparison.summary())
     else:
-        view.show(opts.prompt)
+        view.show(comparison)
 
 
 @command(config.CompressOptions, args=[path_argument("ckpt")], json=True)

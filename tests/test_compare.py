@@ -21,6 +21,14 @@ from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 
 
+def watch_and_show(comparison: Comparison, console: Console, prompt: str) -> None:
+    """What `charlm compare` draws on console: the panels as the models run (a terminal), then the result."""
+    view = CompareView(console)
+    with view.generating(comparison) as on_tick:
+        comparison.run(prompt, on_tick)
+    view.show(comparison)
+
+
 def blocks(stdout: str) -> dict[str, str]:
     """Plain output: '== run (kind · tokenizer · params) ==' then the text, per model."""
     found = re.findall(r"^== (\S+) \((.*?)\) ==\n(.*?)\n\n", stdout, flags=re.M | re.S)
@@ -95,13 +103,13 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
     """Regression (issue 13): a checkpoint compared with itself always starred the second copy's speed and TTFT."""
     cks = [checkpoint.load(cmp_runs["tf"]), checkpoint.load(cmp_runs["tf"])]
     comparison = Comparison(cks, SampleConfig(max_tokens=40, seed=1))
-    view = CompareView(comparison, Console(file=io.StringIO(), width=120))  # plain: the best is starred
+    view = CompareView(Console(file=io.StringIO(), width=120))  # plain: the best is starred
     comparison.run("the")
     a, b = comparison.players
     assert a.output == b.output and len(a.steps) == 39  # every token after the first is timed
 
     def starred() -> list[str]:
-        cols, cells = view.columns()
+        cols, cells = view.columns(comparison)
         return [
             f"{col} {k}"
             for k, row in enumerate(cells)
@@ -118,7 +126,7 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
     assert starred() == []
     b.steps, b.ttft_ms = [(dt * 10, n) for dt, n in a.steps], a.ttft_ms * 3  # ten times slower throughout
     assert starred() == ["tok/s 0", "chars/s 0", "TTFT 0"]
-    assert "timings only beyond their noise" in " ".join(view.notes_lines())
+    assert "timings only beyond their noise" in " ".join(view.notes_lines(comparison))
 
 
 def test_chars_per_second_beside_tokens_per_second(cmp_runs):
@@ -180,8 +188,7 @@ def test_at_60_columns_every_column_and_whole_names_are_shown(cmp_runs, tmp_path
         ck.saved.run_name = name
     for width in (60, 44):
         console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
-        view = CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console)
-        view.show("the")
+        watch_and_show(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console, "the")
         screen = console.file.getvalue().split("\x1b[?25h")[-1]  # what is left after the live panels
         lines = screen.splitlines()
         for name in names:
@@ -220,7 +227,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
     assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
     ck = checkpoint.load(cmp_runs["bpe"])
-    CompareView(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console).show(prompt)
+    watch_and_show(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console, prompt)
     screen = console.file.getvalue()
     assert "[bold red]x[/]" in screen and "\\x1b[31m" in screen and "\x07" not in screen
     assert "\x1b[31m " not in screen  # the prompt's escape never reaches the terminal raw
@@ -238,7 +245,7 @@ def test_side_by_side_on_a_wide_terminal_stacked_on_a_narrow_one(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
     for width, side_by_side in ((120, True), (70, False)):
         console = Console(file=io.StringIO(), force_terminal=True, width=width)
-        CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console).show("the")
+        watch_and_show(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console, "the")
         lines = console.file.getvalue().splitlines()
         both = [ln for ln in lines if "cmp-lstm" in ln and "cmp-tf" in ln]
         assert bool(both) == side_by_side, width
@@ -390,3 +397,13 @@ def test_interactive_help_lists_the_shared_commands_and_chat_only_ones_get_a_hin
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_json_with_an_eval_file_a_model_cannot_read_prints_only_json(cmp_runs, tmp_path):
+    """Found in the one-call rework: the note for a model that cannot score the --eval file went to stdout, before
+    the JSON, so `compare --json --eval` printed no valid JSON; the note is in the JSON (eval_note)."""
+    (tmp_path / "accents.txt").write_text("the café sat on the mat\n", encoding="utf-8")
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-n", "3", "--eval", tmp_path / "accents.txt", "--json")
+    assert r.exit_code == 0, r.output
+    lstm, bpe = json.loads(r.stdout)["models"]
+    assert "never saw: 'é'" in lstm["eval_note"] and lstm["eval_bpc"] is None and bpe["eval_bpc"] > 0
