@@ -465,7 +465,8 @@ def lab(name, ckpt, as_json, **flags):
       copy 209 s · recall 175 s · capacity 127 s · induction 39 s · cost 9 s · positions 218 s
       heads 2 s · ablate 2 s
     """
-    from charlm.lab import EXPERIMENTS, run_experiment
+    from charlm.commands.lab import lab as run
+    from charlm.lab import EXPERIMENTS
     from charlm.views.lab import render_lab, render_list
 
     console, settings = out_console(), from_flags(config.LabConfig, flags)
@@ -473,13 +474,7 @@ def lab(name, ckpt, as_json, **flags):
         return render_list(console, EXPERIMENTS)
     # the progress line lives on stderr and goes away when the experiment ends (none with --json)
     with err_console(quiet=as_json).status(f"lab {name}") as status:
-        result = run_experiment(name, settings, ckpt=ckpt, progress=status.update)
+        done = run(name, settings, ckpt=ckpt, progress=status.update, views=not as_json)
     if as_json:
-        return print_json(result.to_dict())
-    render_lab(console, result, color=not settings.plain)
-    if result.experiment == "copy":  # show why, with the viewers
-        from charlm.commands.look import copy_views
-        from charlm.views.heatmap import Screen
-        from charlm.views.lab import render_copy_views
-
-        render_copy_views(console, result.details, *copy_views(result.details), Screen.of(console, settings.plain))
+        return print_json(done.result.to_dict())
+    render_lab(console, done.result, color=not settings.plain, views=done.views)
