@@ -270,7 +270,8 @@ def sample(ckpt, text, as_json, **flags):
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.ChatOptions, flags)
-    with keys_unechoed():  # keys typed while it loads wait for the prompt, never above the banner
+    # keys typed while it loads wait for the prompt, never above the banner; a Ctrl-D among them leaves there
+    with keys_unechoed(keep_ctrl_d=True):
         with Loading(f"loading {ckpt}"):
             from charlm.commands.chat import open_chat
 

@@ -336,3 +336,23 @@ def test_help_and_show_print_brackets_literally(gen_runs, tmp_path):
 
 def test_unescape():
     assert unescape(r"a\nb\tc\\n") == "a\nb\tc\\n"
+
+
+def test_ctrl_d_typed_while_chat_loads_leaves_once_it_has_loaded(gen_runs, tmp_path):
+    """Issue 28: Ctrl-D typed while `charlm chat` was still loading was lost (the terminal's line discipline ate it,
+    and a NUL reached readline), so the chat stayed open; ollama leaves. Type-ahead still waits for the prompt."""
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "chat", str(gen_runs["tf"])],
+        env=env(tmp_path),
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(24, 80),
+    )
+    child.expect("loading")
+    child.sendeof()  # before the banner
+    child.expect_exact(">>> ")
+    assert "charlm chat · " in plain(child.before)  # the banner, then the prompt, then it leaves
+    child.expect(pexpect.EOF, timeout=10)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
