@@ -356,3 +356,29 @@ def test_ctrl_d_typed_while_chat_loads_leaves_once_it_has_loaded(gen_runs, tmp_p
     child.expect(pexpect.EOF, timeout=10)
     child.close()
     assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_attn_in_chat_shows_the_whole_running_text_and_says_what_the_model_sees(view_runs):
+    """Issue 28: /attn counted only the streamer's window (the last `context` tokens), so after 66 tokens it
+    numbered them 0-47 and said nothing of the rest; the status line said 66."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import Chat
+
+    screen = io.StringIO()
+    chat = Chat(
+        checkpoint.load(view_runs["tf"]),
+        SampleConfig(max_tokens=60, seed=1),
+        Console(file=screen, width=120),
+        interactive=True,
+    )
+    chat.handle("ROMEO:")
+    assert chat.total == 66 and "context: the last 48 of 66 tokens" in " ".join(screen.getvalue().split())
+    screen.seek(0), screen.truncate()
+    chat.handle("/attn")
+    shown = strip_ansi(screen.getvalue())
+    assert "(the model sees the last 48 of 66 tokens)" in shown
+    rows = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+) \S", shown, flags=re.M)]
+    assert rows and max(rows) == 65, shown  # each row numbered in the whole text

@@ -187,7 +187,8 @@ class Chat(Session):
             opts = parse_words(VIEWERS[name], args, name)  # a mistyped word first: it needs fixing anyway
             if not self.gen.ids:
                 raise Hint(f"there is no text yet: type a prompt, then /{name}")
-            ids, tok = list(self.gen.ids), self.ckpt.tokenizer
+            # the whole running text, numbered from its start: the view says which part the model sees
+            ids, tok = list(self.gen.text), self.ckpt.tokenizer
             if name == "attn":
                 self.view.attention(tok, look.attention(self.ckpt.model, tok, ids, opts), opts)
             else:
