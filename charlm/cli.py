@@ -362,7 +362,10 @@ def eval_(ckpt, file, as_json, **flags):
     json=True,
 )
 def compare(ckpts, as_json, **flags):
-    """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
+    """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table.
+
+    When the models' tokens differ (a char and a BPE model), --max-tokens counts characters, so every text is
+    as long."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(config.CompareOptions, flags)
     if as_json and opts.interactive:
         raise config.ConfigError("--json prints one run: drop --interactive or --json")

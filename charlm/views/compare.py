@@ -232,12 +232,11 @@ class CompareView:
             f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {comparison.last_seed} · "
             + " · ".join([f"temperature {s.temperature:g}", *changed])
         )
-        kinds = {p.ckpt.tokenizer.kind for p in comparison.players}
-        if len(kinds) > 1:  # -n counts tokens, and a BPE token holds several characters: say what each wrote
-            wrote = " · ".join(f"{p.ckpt.name} {len(p.output):,}" for p in comparison.players if p.tokens)
+        if comparison.counts_chars:  # a BPE token holds several characters: -n counted characters
+            wrote = " · ".join(f"{p.label} {p.tokens:,}" for p in comparison.players if p.tokens)
             lines.append(
-                f"--max-tokens {s.max_tokens} counts tokens, and a bpe token holds several characters: "
-                f"characters written: {wrote} (chars/s compares the rates on characters)"
+                f"--max-tokens {s.max_tokens} counts characters here (the models' tokens differ in size), so every "
+                f"text is as long: tokens written: {wrote} (chars/s compares the rates on characters)"
             )
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
