@@ -382,3 +382,31 @@ def test_attn_in_chat_shows_the_whole_running_text_and_says_what_the_model_sees(
     assert "(the model sees the last 48 of 66 tokens)" in shown
     rows = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+) \S", shown, flags=re.M)]
     assert rows and max(rows) == 65, shown  # each row numbered in the whole text
+
+
+def test_the_status_line_breaks_between_its_parts_on_a_real_terminal(view_runs, tmp_path):
+    """Issue 28: at 60 columns the status line wrapped mid-number (`context 42/6⏎4`). In a real terminal of 60×20 and
+    80×24 its lines fit (the streamed model text is the terminal's to fold), and each part of the status (a count,
+    a speed, what the model sees) stays whole on one line: it broke inside 'context: the last 48 of 127 tokens'
+    and 'state after 34 tokens (no context limit)'."""
+    cases = [
+        ("tf", 100, (60, 20), "context: the last 48 of 127 tokens"),
+        ("lstm", 7, (80, 24), "state after 34 tokens"),
+    ]
+    for run, n, (cols, rows), last in cases:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "charlm", "chat", str(view_runs[run]), "-n", str(n), "--seed", "1"],
+            env=env(tmp_path),
+            encoding="utf-8",
+            timeout=60,
+            dimensions=(rows, cols),
+        )
+        child.expect_exact(">>> ")
+        screen = say(child, "ROMEO: But soft, what light").replace("\r", "")
+        leave(child)
+        lines = screen.split("\n")
+        status = lines[lines.index(next(line for line in lines if re.match(r"[\d,]+ tokens · ", line))) :]
+        assert all(len(line) <= cols for line in status), screen
+        assert re.match(rf"{n} tokens · [\d,]+ tokens/s · first token \d+ ms ·", status[0]), screen
+        assert any(last in line for line in status), screen

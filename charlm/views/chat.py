@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -54,7 +55,8 @@ class ChatView:
             return
         if shown and not shown.endswith("\n"):
             self.console.print()
-        self.console.print(status_line(stats, window, total, stopped), soft_wrap=not self.console.is_terminal)
+        width = self.console.width if self.console.is_terminal else None  # a pipe gets one whole line
+        self.console.print(status_line(stats, window, total, stopped, width), soft_wrap=width is None)
 
     # the viewers (imported here: `charlm sample` prints through this module too)
     def attention(self, tokenizer, att, opts) -> None:
@@ -127,9 +129,10 @@ def print_banner(console: Console, name: str, about: str, hint: str) -> None:
     console.print(Text(hint, style="dim"))
 
 
-def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
+def status_line(stats, window: int | None, total: int, stopped: bool, width: int | None = None) -> Text:
     """After a generation: tokens, speed, time to the first token, and how much of the running text (total
-    tokens) the model sees: all of it, or the last `window`."""
+    tokens) the model sees: all of it, or the last `window`. Wider than `width`, it breaks between its parts,
+    after a ' · ' (each part whole: a terminal would cut a number, Rich a part at a space)."""
     parts = [f"{stats.tokens:,} tokens", f"{stats.tokens_per_s:,.0f} tokens/s", f"first token {stats.ttft_ms:.0f} ms"]
     if window is None:
         parts.append(f"state after {total:,} tokens (no context limit)")
@@ -137,7 +140,16 @@ def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
         parts.append(f"context: the last {window} of {total:,} tokens")
     else:
         parts.append(f"context {total}/{window}")
-    return Text(("stopped · " if stopped else "") + " · ".join(parts), style="dim")
+    if stopped:
+        parts.insert(0, "stopped")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if width is not None and cell_len(lines[-1]) + len(" · ") + cell_len(part) > width:
+            lines[-1] += " ·"
+            lines.append(part)
+        else:
+            lines[-1] += " · " + part
+    return Text("\n".join(lines), style="dim")
 
 
 def print_samples(console: Console, samples, echo: bool = True) -> list:
