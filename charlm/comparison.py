@@ -29,6 +29,7 @@ import torch
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, UnknownCharactersInFile, evaluate_file
 from charlm.generate import SampleConfig, Streamer
+from charlm.models import count_params
 from charlm.tokenizer import UnknownCharactersError
 
 
@@ -52,6 +53,7 @@ class Contestant:
     )  # (seconds, chars) per token after the first
     stream: Iterator[str] | None = field(default=None, repr=False)
     label: str = ""  # its name in tables and titles: the run's, with the file where two share a run
+    params: int = 0  # its parameters, as the checkpoint says (or counted)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -78,7 +80,9 @@ class Comparison:
     """Runs prompts through every model, round-robin one step per model, and keeps what each did."""
 
     def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig):
-        self.players = [Contestant(c, Streamer(c.model, c.tokenizer)) for c in ckpts]
+        self.players = [
+            Contestant(c, Streamer(c.model, c.tokenizer), params=c.saved.params or count_params(c.model)) for c in ckpts
+        ]
         names = [p.ckpt.name for p in self.players]
         for p in self.players:  # best.pt and last.pt of one run: "run (best.pt)", "run (last.pt)"
             p.label = p.ckpt.name if names.count(p.ckpt.name) == 1 else f"{p.ckpt.name} ({p.ckpt.path.name})"

@@ -12,6 +12,7 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group
@@ -20,10 +21,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from charlm.comparison import Comparison, Contestant
 from charlm.config import SampleConfig, flag_fields, flag_name
-from charlm.models import count_params
 from charlm.views.text import duration, safe_text
+
+if TYPE_CHECKING:  # (charlm.comparison imports torch; this module draws what it holds)
+    from charlm.comparison import Comparison, Contestant
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
@@ -77,9 +79,8 @@ def _pack(items: list[Text], width: int, sep: Text) -> list[Text]:
 
 def header(p: Contestant) -> tuple[Text, Text]:
     m, tok = p.ckpt.model_config, p.ckpt.tokenizer
-    params = p.ckpt.saved.params or count_params(p.ckpt.model)
     title = Text(safe_text(p.label), style="bold")
-    sub = Text(f"{m.kind} · {tok.kind} · {human(params)} params")
+    sub = Text(f"{m.kind} · {tok.kind} · {human(p.params)} params")
     return title, sub
 
 
@@ -188,8 +189,7 @@ class CompareView:
         rows = []
         for p in comparison.players:
             d = p.ckpt.saved
-            params = d.params or count_params(p.ckpt.model)
-            row = [(None, human(params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
+            row = [(None, human(p.params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
             bpc = _finite(d.best_val_bpc)
             row.append((bpc, f"{bpc:.3f}" if bpc is not None else "—"))
             if comparison.eval_path is not None:

@@ -15,8 +15,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from charlm.data import cache_dir
-
 FENCE = '"""'
 PROMPT, MORE = ">>> ", "... "
 LEAVE_HINT = "Ctrl-D or /bye leaves"
@@ -101,6 +99,8 @@ class LineReader:
             import readline
         except ImportError:  # e.g. Windows without pyreadline: plain input() still works
             return
+        from charlm.data import cache_dir
+
         readline.set_completer(self._complete)
         readline.set_completer_delims(" \t\n")
         if "libedit" in (readline.__doc__ or ""):
