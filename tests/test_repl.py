@@ -410,3 +410,23 @@ def test_the_status_line_breaks_between_its_parts_on_a_real_terminal(view_runs, 
         assert all(len(line) <= cols for line in status), screen
         assert re.match(rf"{n} tokens · [\d,]+ tokens/s · first token \d+ ms ·", status[0]), screen
         assert any(last in line for line in status), screen
+
+
+def test_a_viewer_the_model_cannot_show_names_the_other_only_where_it_has_it(view_runs):
+    """Issue 27: /attn on a model without attention always pointed to /gates (and /gates to /attn), which a model
+    family with neither capability does not have either."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import Chat
+
+    screen = io.StringIO()
+    chat = Chat(checkpoint.load(view_runs["lstm"]), SampleConfig(), Console(file=screen, width=200), interactive=True)
+    chat.handle("/attn")
+    assert "this lstm has no attention; /gates shows its gates" in screen.getvalue()
+    screen.seek(0), screen.truncate()
+    chat.ckpt.model.capabilities = ()  # a family that shows neither
+    chat.handle("/gates")
+    chat.handle("/attn")
+    assert screen.getvalue().splitlines() == ["this lstm has no gates", "this lstm has no attention"]

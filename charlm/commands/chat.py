@@ -41,6 +41,7 @@ COMMANDS = {  # chat's, in the order /help lists them
 }
 MODES = ("fresh", "continue")
 VIEWERS = {"attn": AttnConfig, "gates": GatesConfig}
+SHOWS = {"attn": "attention", "gates": "gates"}  # the model capability each viewer needs
 
 
 class Chat(Session):
@@ -174,12 +175,10 @@ class Chat(Session):
 
     def viewer(self, name: str, args: list[str]) -> None:
         """/attn or /gates with the words after it, on the running text."""
-        want = "attention" if name == "attn" else "gates"
-        if want not in self.ckpt.model.capabilities:
-            other = "gates" if name == "attn" else "attn"
-            raise Hint(
-                f"this {self.ckpt.model_config.kind} has no {want}; /{other} shows its {'attention' if other == 'attn' else 'gates'}"
-            )
+        has = self.ckpt.model.capabilities
+        if SHOWS[name] not in has:  # the other viewer, where the model has what it shows
+            other = "".join(f"; /{v} shows its {what}" for v, what in SHOWS.items() if v != name and what in has)
+            raise Hint(f"this {self.ckpt.model_config.kind} has no {SHOWS[name]}{other}")
         if args and args[0].lower() in ("help", "?"):
             self.view.rows(words_help(VIEWERS[name], name))
             return
