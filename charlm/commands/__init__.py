@@ -14,6 +14,7 @@ their view (views.chat.ChatView, views.compare.CompareView) and read their lines
   look.py      attention() and gates(): the numbers the viewers draw
   explore.py   every number `charlm explore` shows, computed once per text
   compress.py  compress() and report(): a smaller run, measured
+  lab.py       lab(): an experiment of charlm.lab, with the numbers of the views that show why
   runs.py      info(), runs() and curves(): what run directories hold, read without torch
 """
 
