@@ -270,7 +270,8 @@ def sample(ckpt, text, as_json, **flags):
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.ChatOptions, flags)
-    with keys_unechoed():  # keys typed while it loads wait for the prompt, never above the banner
+    # keys typed while it loads wait for the prompt, never above the banner; a Ctrl-D among them leaves there
+    with keys_unechoed(keep_ctrl_d=True):
         with Loading(f"loading {ckpt}"):
             from charlm.commands.chat import open_chat
 
@@ -361,28 +362,27 @@ def eval_(ckpt, file, as_json, **flags):
     json=True,
 )
 def compare(ckpts, as_json, **flags):
-    """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table."""
+    """Continue the same prompt with two or more checkpoints, side by side, then compare them in a table.
+
+    When the models' tokens differ (a char and a BPE model), --max-tokens counts characters, so every text is
+    as long."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.CompareOptions, flags)
     if as_json and opts.interactive:
         raise errors.ConfigError("--json prints one run: drop --interactive or --json")
-    with Loading(f"loading {len(ckpts)} models"):
+    with Loading(f"loading {len(ckpts)} models") as loading:
         from charlm.commands.compare import CompareSession
-        from charlm.commands.compare import compare as load
+        from charlm.commands.compare import compare as run
         from charlm.views.compare import CompareView
-        from charlm.views.eval import EvalProgress
 
-        comparison = load(list(ckpts), settings, device=opts.device)
-    view = CompareView(comparison, out_console())
-    if opts.eval_file:
-        comparison.evaluate(opts.eval_file, lambda name: EvalProgress(err_console(), f"eval {name}"))
-        view.notes()  # e.g. a char model that cannot read the file: said once, up front
+        # --json: stdout holds the JSON alone (the bars of --eval stay on stderr)
+        view = CompareView(out_console(quiet=as_json), err_console(), before=loading)
+        comparison = run(list(ckpts), settings, opts, view)
     if opts.interactive:
-        CompareSession(comparison, view.show, view.console).run()
+        CompareSession(comparison, view).run()
     elif as_json:
-        comparison.run(opts.prompt)
         print_json(comparison.summary())
     else:
-        view.show(opts.prompt)
+        view.show(comparison)
 
 
 @command(options.CompressOptions, args=[path_argument("ckpt")], json=True)
@@ -469,7 +469,8 @@ def lab(name, ckpt, as_json, **flags):
       copy 209 s · recall 175 s · capacity 127 s · induction 39 s · cost 9 s · positions 218 s
       heads 2 s · ablate 2 s
     """
-    from charlm.lab import EXPERIMENTS, run_experiment
+    from charlm.commands.lab import lab as run
+    from charlm.lab import EXPERIMENTS
     from charlm.views.lab import render_lab, render_list
 
     console, settings = out_console(), from_flags(options.LabConfig, flags)
@@ -477,13 +478,7 @@ def lab(name, ckpt, as_json, **flags):
         return render_list(console, EXPERIMENTS)
     # the progress line lives on stderr and goes away when the experiment ends (none with --json)
     with err_console(quiet=as_json).status(f"lab {name}") as status:
-        result = run_experiment(name, settings, ckpt=ckpt, progress=status.update)
+        done = run(name, settings, ckpt=ckpt, progress=status.update, views=not as_json)
     if as_json:
-        return print_json(result.to_dict())
-    render_lab(console, result, color=not settings.plain)
-    if result.experiment == "copy":  # show why, with the viewers
-        from charlm.commands.look import copy_views
-        from charlm.views.heatmap import Screen
-        from charlm.views.lab import render_copy_views
-
-        render_copy_views(console, result.details, *copy_views(result.details), Screen.of(console, settings.plain))
+        return print_json(done.result.to_dict())
+    render_lab(console, done.result, color=not settings.plain, views=done.views)

@@ -9,11 +9,16 @@ order from favouring anyone, every model is warmed up before the first timed run
 flips every round. Characters per second are reported beside tokens per second: a BPE token holds
 several characters, so tokens/s alone compares unlike units. How much a rate wobbles within the run (its
 range over the run's quarters, `rate_range`) tells a real difference from noise.
+
+settings.max_tokens counts tokens, as everywhere, while the models' tokens are alike (all char models, or
+one BPE vocabulary); when they differ (a char and a BPE model), it counts characters, so every model writes
+a text as long and the panels are comparable (`counts_chars`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +29,7 @@ import torch
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, UnknownCharactersInFile, evaluate_file
 from charlm.generate import SampleConfig, Streamer
+from charlm.models import count_params
 from charlm.tokenizer import UnknownCharactersError
 
 
@@ -47,6 +53,7 @@ class Contestant:
     )  # (seconds, chars) per token after the first
     stream: Iterator[str] | None = field(default=None, repr=False)
     label: str = ""  # its name in tables and titles: the run's, with the file where two share a run
+    params: int = 0  # its parameters, as the checkpoint says (or counted)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -73,7 +80,9 @@ class Comparison:
     """Runs prompts through every model, round-robin one step per model, and keeps what each did."""
 
     def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig):
-        self.players = [Contestant(c, Streamer(c.model, c.tokenizer)) for c in ckpts]
+        self.players = [
+            Contestant(c, Streamer(c.model, c.tokenizer), params=c.saved.params or count_params(c.model)) for c in ckpts
+        ]
         names = [p.ckpt.name for p in self.players]
         for p in self.players:  # best.pt and last.pt of one run: "run (best.pt)", "run (last.pt)"
             p.label = p.ckpt.name if names.count(p.ckpt.name) == 1 else f"{p.ckpt.name} ({p.ckpt.path.name})"
@@ -82,6 +91,7 @@ class Comparison:
             if labels.count(p.label) > 1:
                 p.label = str(p.ckpt.path)
         self.settings = settings
+        self.counts_chars = counts_chars(ckpts)
         self.last_seed = settings.seed
         self.eval_path = None
         self.warm = False
@@ -100,6 +110,9 @@ class Comparison:
     def _start(self, prompt: str) -> None:
         seed = self.settings.seed if self.settings.seed is not None else int.from_bytes(os.urandom(4), "little")
         self.last_seed = seed
+        settings = self.settings
+        if self.counts_chars:  # a token holds at least a byte, a character at most 4: _step stops each in time
+            settings = dataclasses.replace(settings, max_tokens=4 * settings.max_tokens)
         for p in self.players:
             p.gen.reset()
             p.prompt, p.output, p.note, p.seconds, p.tokens, p.ttft_ms, p.done = prompt, "", None, 0.0, 0, None, False
@@ -110,7 +123,7 @@ class Comparison:
                 p.note, p.done = str(e), True
                 continue
             # every model gets its own generator with the same seed: same settings, same luck
-            p.stream = p.gen.stream(ids, self.settings, torch.Generator().manual_seed(seed))
+            p.stream = p.gen.stream(ids, settings, torch.Generator().manual_seed(seed))
 
     def _step(self, p: Contestant) -> None:
         t0 = time.perf_counter()
@@ -119,6 +132,9 @@ class Comparison:
         except StopIteration:
             piece, p.done = "", True
         dt = time.perf_counter() - t0
+        if self.counts_chars and len(p.output) + len(piece) >= self.settings.max_tokens:  # max_tokens characters
+            piece, p.done = piece[: self.settings.max_tokens - len(p.output)], True
+            p.stream.close()
         p.seconds += dt
         p.output += piece
         if p.gen.stats.tokens > p.tokens and p.ttft_ms is not None:
@@ -172,9 +188,17 @@ class Comparison:
             "prompt": self.players[0].prompt if self.players else "",
             "seed": self.last_seed,
             "settings": {k: v for k, v in self.settings.to_dict().items() if k != "seed"},
+            "max_tokens_counts": "characters" if self.counts_chars else "tokens",
             "eval_file": str(self.eval_path) if self.eval_path is not None else None,
             "models": models,
         }
+
+
+def counts_chars(ckpts: list[Checkpoint]) -> bool:
+    """Whether max_tokens counts characters: when the models' tokens are not alike (not all char tokens, and
+    not one vocabulary), a count of tokens would give texts of very different lengths."""
+    tokenizers = [c.tokenizer for c in ckpts]
+    return any(t.kind != "char" for t in tokenizers) and len({t.to_json() for t in tokenizers}) > 1
 
 
 def _round(x: float | None, digits: int = 1) -> float | None:

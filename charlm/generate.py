@@ -196,6 +196,7 @@ class Streamer:
         self.rolling = model.rolling_cache
         self.device = next(model.parameters()).device
         self.ids: list[int] = []  # the running text (for a Transformer: the window it sees)
+        self.text: list[int] = []  # the whole running text, of which a Transformer sees the last `context`
         self.cache = None
         self._fed = 0  # the cache holds self.ids[:self._fed] (a rolled one: its last context tokens)
         self._last = None  # the logits after them
@@ -204,7 +205,7 @@ class Streamer:
 
     def reset(self) -> None:
         """Forget the running text (the cache object is kept and emptied, not reallocated)."""
-        self.ids = []
+        self.ids, self.text = [], []
         self._drop_cache()
 
     def _drop_cache(self) -> None:
@@ -265,8 +266,10 @@ class Streamer:
             )
         self.stats = Stats(prompt_tokens=len(prompt_ids))
         self.ids.extend(prompt_ids)
+        self.text.extend(prompt_ids)
         if not self.ids:  # nothing to condition on: start as a new line would (or token 0)
             self.ids.extend(self.tokenizer.encode("\n", unknown="drop")[:1] or [0])
+            self.text.extend(self.ids)
         utf8 = Utf8Stream()
         hold = max((len(s) for s in settings.stop), default=1) - 1  # chars that may begin a stop string
         pending = ""  # decoded text not yet yielded (held back while it could start a stop string)
@@ -283,6 +286,7 @@ class Streamer:
                     self._drop_cache()
                     raise
                 self.ids.append(token)
+                self.text.append(token)
                 if n == 0:
                     self.stats.ttft_ms = (time.perf_counter() - start) * 1000
                 self.stats.tokens = n + 1

@@ -17,8 +17,8 @@ from rich.console import Console
 
 from charlm import checkpoint
 from charlm.cli import main
-from charlm.commands.chat import parse_words
 from charlm.commands.look import attention
+from charlm.commands.words import parse_words
 from charlm.config import ModelConfig
 from charlm.errors import ConfigError
 from charlm.models import build_model

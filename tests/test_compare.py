@@ -21,6 +21,14 @@ from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 
 
+def watch_and_show(comparison: Comparison, console: Console, prompt: str) -> None:
+    """What `charlm compare` draws on console: the panels as the models run (a terminal), then the result."""
+    view = CompareView(console)
+    with view.generating(comparison) as on_tick:
+        comparison.run(prompt, on_tick)
+    view.show(comparison)
+
+
 def blocks(stdout: str) -> dict[str, str]:
     """Plain output: '== run (kind · tokenizer · params) ==' then the text, per model."""
     found = re.findall(r"^== (\S+) \((.*?)\) ==\n(.*?)\n\n", stdout, flags=re.M | re.S)
@@ -38,7 +46,8 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 
 def test_plain_output_blocks_equal_each_model_generating_alone(cmp_runs):
     """Interleaving the models round-robin must not change what any of them writes: each block equals
-    that checkpoint generating alone with the same seed and settings."""
+    that checkpoint generating alone with the same seed and settings (with a BPE model among char models,
+    -n counts characters: its first 15)."""
     r = cli(
         "compare",
         cmp_runs["lstm"],
@@ -61,9 +70,9 @@ def test_plain_output_blocks_equal_each_model_generating_alone(cmp_runs):
     for name, key in (("cmp-lstm", "lstm"), ("cmp-tf", "tf"), ("cmp-bpe", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
         alone = Streamer(ck.model, ck.tokenizer).complete(
-            ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=15, seed=7)
+            ck.tokenizer.encode("the cat"), SampleConfig(temperature=0.9, top_k=10, max_tokens=60, seed=7)
         )
-        assert got[name] == safe_text("the cat" + alone)
+        assert got[name] == safe_text("the cat" + alone[:15])
     assert "== cmp-lstm (lstm · char" in r.stdout and "== cmp-bpe (transformer · bpe · 2" in r.stdout
 
 
@@ -95,13 +104,13 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
     """Regression (issue 13): a checkpoint compared with itself always starred the second copy's speed and TTFT."""
     cks = [checkpoint.load(cmp_runs["tf"]), checkpoint.load(cmp_runs["tf"])]
     comparison = Comparison(cks, SampleConfig(max_tokens=40, seed=1))
-    view = CompareView(comparison, Console(file=io.StringIO(), width=120))  # plain: the best is starred
+    view = CompareView(Console(file=io.StringIO(), width=120))  # plain: the best is starred
     comparison.run("the")
     a, b = comparison.players
     assert a.output == b.output and len(a.steps) == 39  # every token after the first is timed
 
     def starred() -> list[str]:
-        cols, cells = view.columns()
+        cols, cells = view.columns(comparison)
         return [
             f"{col} {k}"
             for k, row in enumerate(cells)
@@ -118,7 +127,7 @@ def test_timings_are_starred_only_beyond_their_noise(cmp_runs):
     assert starred() == []
     b.steps, b.ttft_ms = [(dt * 10, n) for dt, n in a.steps], a.ttft_ms * 3  # ten times slower throughout
     assert starred() == ["tok/s 0", "chars/s 0", "TTFT 0"]
-    assert "timings only beyond their noise" in " ".join(view.notes_lines())
+    assert "timings only beyond their noise" in " ".join(view.notes_lines(comparison))
 
 
 def test_chars_per_second_beside_tokens_per_second(cmp_runs):
@@ -129,7 +138,7 @@ def test_chars_per_second_beside_tokens_per_second(cmp_runs):
         assert m["chars"] == len(m["text"]) and m["chars_per_s"] == pytest.approx(m["chars"] / m["seconds"], rel=0.01)
         assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"], rel=0.01)
     assert tf["chars"] == tf["tokens"] == 30
-    assert bpe["tokens"] == 30 and bpe["chars"] > 30  # a BPE token holds several characters
+    assert bpe["chars"] == 30 and bpe["tokens"] < 30  # -n counted characters: a BPE token holds several
 
 
 def test_the_notes_name_every_sampling_setting_changed_from_its_default(cmp_runs):
@@ -164,10 +173,10 @@ def test_json_stop_and_repetition_penalty_match_each_model_alone(cmp_runs):
     assert out["settings"]["repetition_penalty"] == 1.3 and out["settings"]["stop"] == ["the"]
     for m, key in zip(out["models"], ("lstm", "bpe")):
         ck = checkpoint.load(cmp_runs[key])
-        alone = Streamer(ck.model, ck.tokenizer).complete(
-            ck.tokenizer.encode("the cat"), SampleConfig(max_tokens=40, seed=3, repetition_penalty=1.3, stop=["the"])
+        alone = Streamer(ck.model, ck.tokenizer).complete(  # -n counts characters: a char and a BPE model
+            ck.tokenizer.encode("the cat"), SampleConfig(max_tokens=160, seed=3, repetition_penalty=1.3, stop=["the"])
         )
-        assert m["text"] == alone and "the" not in m["text"]
+        assert m["text"] == alone[:40] and "the" not in m["text"]
         assert m["run"] == f"cmp-{key}" and m["steps"] == 30 and m["best_val_bpc"] > 0
     r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "--json")
     assert r.exit_code != 0 and "drop --interactive or --json" in r.stderr
@@ -180,8 +189,7 @@ def test_at_60_columns_every_column_and_whole_names_are_shown(cmp_runs, tmp_path
         ck.saved.run_name = name
     for width in (60, 44):
         console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
-        view = CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console)
-        view.show("the")
+        watch_and_show(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console, "the")
         screen = console.file.getvalue().split("\x1b[?25h")[-1]  # what is left after the live panels
         lines = screen.splitlines()
         for name in names:
@@ -220,7 +228,7 @@ def test_model_text_is_never_markup_and_control_characters_are_escaped(cmp_runs)
     assert "[bold red]x[/] \\x1b[31m \\x07 " in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
     console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system="truecolor")
     ck = checkpoint.load(cmp_runs["bpe"])
-    CompareView(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console).show(prompt)
+    watch_and_show(Comparison([ck, ck], SampleConfig(max_tokens=3, seed=1)), console, prompt)
     screen = console.file.getvalue()
     assert "[bold red]x[/]" in screen and "\\x1b[31m" in screen and "\x07" not in screen
     assert "\x1b[31m " not in screen  # the prompt's escape never reaches the terminal raw
@@ -238,7 +246,7 @@ def test_side_by_side_on_a_wide_terminal_stacked_on_a_narrow_one(cmp_runs):
     cks = [checkpoint.load(cmp_runs["lstm"]), checkpoint.load(cmp_runs["tf"])]
     for width, side_by_side in ((120, True), (70, False)):
         console = Console(file=io.StringIO(), force_terminal=True, width=width)
-        CompareView(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console).show("the")
+        watch_and_show(Comparison(cks, SampleConfig(max_tokens=8, seed=1)), console, "the")
         lines = console.file.getvalue().splitlines()
         both = [ln for ln in lines if "cmp-lstm" in ln and "cmp-tf" in ln]
         assert bool(both) == side_by_side, width
@@ -390,3 +398,13 @@ def test_interactive_help_lists_the_shared_commands_and_chat_only_ones_get_a_hin
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_json_with_an_eval_file_a_model_cannot_read_prints_only_json(cmp_runs, tmp_path):
+    """Found in the one-call rework: the note for a model that cannot score the --eval file went to stdout, before
+    the JSON, so `compare --json --eval` printed no valid JSON; the note is in the JSON (eval_note)."""
+    (tmp_path / "accents.txt").write_text("the café sat on the mat\n", encoding="utf-8")
+    r = cli("compare", cmp_runs["lstm"], cmp_runs["bpe"], "-n", "3", "--eval", tmp_path / "accents.txt", "--json")
+    assert r.exit_code == 0, r.output
+    lstm, bpe = json.loads(r.stdout)["models"]
+    assert "never saw: 'é'" in lstm["eval_note"] and lstm["eval_bpc"] is None and bpe["eval_bpc"] > 0

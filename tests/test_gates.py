@@ -16,8 +16,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from charlm.cli import main
-from charlm.commands.chat import parse_words
 from charlm.commands.look import gates
+from charlm.commands.words import parse_words
 from charlm.config import ModelConfig
 from charlm.errors import ConfigError
 from charlm.models import build_model

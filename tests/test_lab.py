@@ -79,6 +79,22 @@ def test_copy_one_model_learns_every_length_and_attention_copies_them(copy_resul
     assert "at longer lengths it never saw: N=16" in reading and "chance 10%" in reading
 
 
+def test_copy_is_drawn_with_the_views_of_why(copy_result, monkeypatch):
+    """`charlm lab copy` is one call (commands.lab.lab: the experiment, then the copy head's attention and the
+    LSTM's gates on its example) and one draw (views.lab.render_lab); --json computes no views."""
+    import charlm.lab
+    from charlm.lab.common import LabResult
+
+    fields = ("experiment", "settings", "results", "reading", "details", "runs")
+    done = LabResult(**{k: copy_result[k] for k in fields})
+    monkeypatch.setattr(charlm.lab, "run_experiment", lambda *a, **kw: done)
+    out = " ".join(CliRunner().invoke(main, ["lab", "copy", "--plain"]).output.split())
+    head = copy_result["details"]["copy_head"]
+    assert f"Why — the Transformer's layer {head['layer']} head {head['head']}" in out
+    assert "and the LSTM's gates on the same example" in out and f"charlm gates {done.details['lstm_run']}" in out
+    assert "Why —" not in CliRunner().invoke(main, ["lab", "copy", "--json"]).output
+
+
 def test_lab_models_are_normal_runs(copy_result):
     d = copy_result["details"]
     example, head = d["example"], d["copy_head"]

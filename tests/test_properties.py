@@ -28,7 +28,8 @@ from rich.console import Console
 
 from charlm import checkpoint, runs
 from charlm.checkpoint import Saved
-from charlm.commands.chat import Chat, Hint, Session
+from charlm.commands.chat import Chat
+from charlm.commands.repl import Hint, Session
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import sample_next_token, sampling_probs

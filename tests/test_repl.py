@@ -336,3 +336,97 @@ def test_help_and_show_print_brackets_literally(gen_runs, tmp_path):
 
 def test_unescape():
     assert unescape(r"a\nb\tc\\n") == "a\nb\tc\\n"
+
+
+def test_ctrl_d_typed_while_chat_loads_leaves_once_it_has_loaded(gen_runs, tmp_path):
+    """Issue 28: Ctrl-D typed while `charlm chat` was still loading was lost (the terminal's line discipline ate it,
+    and a NUL reached readline), so the chat stayed open; ollama leaves. Type-ahead still waits for the prompt."""
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "chat", str(gen_runs["tf"])],
+        env=env(tmp_path),
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(24, 80),
+    )
+    child.expect("loading")
+    child.sendeof()  # before the banner
+    child.expect_exact(">>> ")
+    assert "charlm chat · " in plain(child.before)  # the banner, then the prompt, then it leaves
+    child.expect(pexpect.EOF, timeout=10)
+    child.close()
+    assert child.exitstatus == 0 and "Traceback" not in child.before
+
+
+def test_attn_in_chat_shows_the_whole_running_text_and_says_what_the_model_sees(view_runs):
+    """Issue 28: /attn counted only the streamer's window (the last `context` tokens), so after 66 tokens it
+    numbered them 0-47 and said nothing of the rest; the status line said 66."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import Chat
+
+    screen = io.StringIO()
+    chat = Chat(
+        checkpoint.load(view_runs["tf"]),
+        SampleConfig(max_tokens=60, seed=1),
+        Console(file=screen, width=120),
+        interactive=True,
+    )
+    chat.handle("ROMEO:")
+    assert chat.total == 66 and "context: the last 48 of 66 tokens" in " ".join(screen.getvalue().split())
+    screen.seek(0), screen.truncate()
+    chat.handle("/attn")
+    shown = strip_ansi(screen.getvalue())
+    assert "(the model sees the last 48 of 66 tokens)" in shown
+    rows = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+) \S", shown, flags=re.M)]
+    assert rows and max(rows) == 65, shown  # each row numbered in the whole text
+
+
+def test_the_status_line_breaks_between_its_parts_on_a_real_terminal(view_runs, tmp_path):
+    """Issue 28: at 60 columns the status line wrapped mid-number (`context 42/6⏎4`). In a real terminal of 60×20 and
+    80×24 its lines fit (the streamed model text is the terminal's to fold), and each part of the status (a count,
+    a speed, what the model sees) stays whole on one line: it broke inside 'context: the last 48 of 127 tokens'
+    and 'state after 34 tokens (no context limit)'."""
+    cases = [
+        ("tf", 100, (60, 20), "context: the last 48 of 127 tokens"),
+        ("lstm", 7, (80, 24), "state after 34 tokens"),
+    ]
+    for run, n, (cols, rows), last in cases:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "charlm", "chat", str(view_runs[run]), "-n", str(n), "--seed", "1"],
+            env=env(tmp_path),
+            encoding="utf-8",
+            timeout=60,
+            dimensions=(rows, cols),
+        )
+        child.expect_exact(">>> ")
+        screen = say(child, "ROMEO: But soft, what light").replace("\r", "")
+        leave(child)
+        lines = screen.split("\n")
+        status = lines[lines.index(next(line for line in lines if re.match(r"[\d,]+ tokens · ", line))) :]
+        assert all(len(line) <= cols for line in status), screen
+        assert re.match(rf"{n} tokens · [\d,]+ tokens/s · first token \d+ ms ·", status[0]), screen
+        assert any(last in line for line in status), screen
+
+
+def test_a_viewer_the_model_cannot_show_names_the_other_only_where_it_has_it(view_runs):
+    """Issue 27: /attn on a model without attention always pointed to /gates (and /gates to /attn), which a model
+    family with neither capability does not have either."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import Chat
+
+    screen = io.StringIO()
+    chat = Chat(checkpoint.load(view_runs["lstm"]), SampleConfig(), Console(file=screen, width=200), interactive=True)
+    chat.handle("/attn")
+    assert "this lstm has no attention; /gates shows its gates" in screen.getvalue()
+    screen.seek(0), screen.truncate()
+    chat.ckpt.model.capabilities = ()  # a family that shows neither
+    chat.handle("/gates")
+    chat.handle("/attn")
+    assert screen.getvalue().splitlines() == ["this lstm has no gates", "this lstm has no attention"]

@@ -466,11 +466,18 @@ def test_the_command_line_draws_before_numpy_or_torch_load():
     assert out.strip() == "[]"
 
 
-def test_compare_of_char_and_bpe_says_what_n_counts(cmp_runs):
-    """Found: -n counts tokens, so compare of a char and a BPE model shows panels of very different lengths,
-    without a word. (-n stays a count of tokens, as in sample, chat and ollama's num_predict; the note says so.)"""
+def test_compare_of_char_and_bpe_writes_texts_as_long_and_says_what_n_counts(cmp_runs):
+    """Found: -n counts tokens, so compare of a char and a BPE model showed panels of very different lengths. When
+    the models' tokens differ, -n counts characters (compare --help and the notes say so); otherwise tokens."""
+    import json
+
+    mixed = json.loads(cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "-p", "the cat", "-n", "20", "--json").stdout)
+    assert [m["chars"] for m in mixed["models"]] == [20, 20] and mixed["max_tokens_counts"] == "characters"
+    tf, bpe = mixed["models"]
+    assert tf["tokens"] == 20 and bpe["tokens"] < 20  # a BPE token holds several characters
     r = cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "-p", "the cat", "-n", "20", "--seed", "1")
     notes = " ".join(r.stdout.split())
-    assert "--max-tokens 20 counts tokens, and a bpe token holds several characters" in notes
-    same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1").stdout
-    assert "counts tokens" not in same
+    assert "--max-tokens 20 counts characters here (the models' tokens differ in size)" in notes
+    same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1", "--json")
+    assert json.loads(same.stdout)["max_tokens_counts"] == "tokens" and "counts" not in same.stderr
+    assert "--max-tokens counts characters" in " ".join(cli("compare", "--help").stdout.split())

@@ -1,13 +1,20 @@
 """The commands as plain functions: what `charlm train`, `sample`, `chat`, ... do, callable from Python and
 tests without Click. Each takes typed configs (charlm.config) and returns its results, or reports them as
 events to a callback; none of them parses flags or draws. cli.py maps flags to these functions' arguments
-and draws what they return with charlm.views.
+and draws what they return with charlm.views. The two REPLs (chat, compare -i) hand everything they show to
+their view (views.chat.ChatView, views.compare.CompareView) and read their lines with views.repl.
 
   train.py     train(): a run directory from a corpus (resume, the run lock, torchrun, signals)
   generate.py  sample(): a model's continuations of a prompt, piece by piece
-  chat.py      the REPL behind `chat` and `compare -i`: the input loop, /set, /attn, /gates, /load, /save
-  compare.py   compare(): several checkpoints on the same prompt
+  repl.py      the REPL that `chat` and `compare -i` share: the loop, /help, /set, /bye, hints
+  chat.py      chat(): the controller of `charlm chat`: the running text, /load, /mode, /attn, /gates, /save
+  words.py     the words of /attn and /gates, from the fields of AttnConfig and GatesConfig
+  compare.py   compare(): several checkpoints on the same prompt; compare -i on the shared REPL
+  evaluate.py  evaluate(): a checkpoint's scores on a text file
   look.py      attention() and gates(): the numbers the viewers draw
+  explore.py   every number `charlm explore` shows, computed once per text
+  compress.py  compress() and report(): a smaller run, measured
+  lab.py       lab(): an experiment of charlm.lab, with the numbers of the views that show why
   runs.py      info(), runs() and curves(): what run directories hold, read without torch
 """
 

@@ -1,5 +1,7 @@
-"""`charlm chat` and `compare -i` on the screen: the streamed text, the help and settings tables, the banner
-and the status line. The input loop and what each command does are charlm.commands.chat.
+"""`charlm chat` and `compare -i` on the screen (ChatView): the streamed text, the help and settings tables,
+the banner, the hints, the status line and the viewers on the running text. What each command does is
+charlm.commands.repl (the shared REPL) and commands.chat (chat's controller); the input lines come from
+views/repl.py.
 
 Model text is always shown through safe_text in Rich Text objects: never parsed as markup, and control
 characters (ESC, BEL, ...) appear as visible escapes instead of reaching the terminal."""
@@ -8,11 +10,74 @@ from __future__ import annotations
 
 import time
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from charlm.views.text import safe, safe_text
+
+
+class ChatView:
+    """Where a REPL's output goes. The model's text and the tables go to `console`; hints and confirmations go
+    beside them on a terminal, and to stderr when the input is scripted (stdout: the model's text only)."""
+
+    def __init__(self, console: Console | None, interactive: bool):
+        self.console = console or Console(highlight=False)
+        self.info = self.console if interactive else Console(stderr=True, highlight=False)
+        self.interactive = interactive
+
+    def hint(self, message: str, style: str = "yellow") -> None:
+        # on a terminal Rich wraps at spaces (the terminal would cut words and numbers); a pipe gets whole lines
+        self.info.print(Text(safe_text(message), style=style), soft_wrap=not self.info.is_terminal)
+
+    def newline(self) -> None:
+        self.console.print()
+
+    def rows(self, rows: list[tuple[str, str]], title: str | None = None) -> None:
+        print_rows(self.console, rows, title)
+
+    def banner(self, name: str, about: str, hint: str) -> None:
+        print_banner(self.console, name, about, hint)
+
+    def reply(self, prompt: str) -> StreamPrinter:
+        """The start of a reply: the prompt as the model got it (on a terminal; a pipe gets the text only), and
+        the printer of the streamed text after it."""
+        if self.interactive and prompt:
+            self.console.print(Text(safe_text(prompt), style="bold"), end="", soft_wrap=True)
+        return StreamPrinter(self.console, "cyan")
+
+    def replied(self, shown: str, stats, window: int | None, total: int, stopped: bool) -> None:
+        """The end of a reply whose text on the screen ends with `shown`: on a terminal, the status line
+        (status_line's arguments); in a pipe one continuation per line of output (plus its own newlines)."""
+        if not self.interactive:
+            self.console.print()
+            return
+        if shown and not shown.endswith("\n"):
+            self.console.print()
+        width = self.console.width if self.console.is_terminal else None  # a pipe gets one whole line
+        self.console.print(status_line(stats, window, total, stopped, width), soft_wrap=width is None)
+
+    # the viewers (imported here: `charlm sample` prints through this module too)
+    def attention(self, tokenizer, att, opts) -> None:
+        from charlm.views.attention import draw_attention
+        from charlm.views.heatmap import Screen
+
+        draw_attention(self.console, tokenizer, att, opts, Screen.of(self.console, opts.ascii))
+
+    def units_that_fit(self, tokenizer, ids: list[int], kind: str, layer: int, opts):
+        """fits(trace) -> how many units of the gates view fit this screen (for commands.look.gates)."""
+        from charlm.views.gates import units_that_fit
+        from charlm.views.heatmap import Screen
+
+        screen = Screen.of(self.console, opts.ascii)
+        return lambda trace: units_that_fit(tokenizer, ids, kind, layer, trace, opts, screen)
+
+    def gates(self, tokenizer, found, opts) -> None:
+        from charlm.views.gates import draw_gates
+        from charlm.views.heatmap import Screen
+
+        draw_gates(self.console, tokenizer, found, opts, Screen.of(self.console, opts.ascii))
 
 
 class StreamPrinter:
@@ -64,9 +129,10 @@ def print_banner(console: Console, name: str, about: str, hint: str) -> None:
     console.print(Text(hint, style="dim"))
 
 
-def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
+def status_line(stats, window: int | None, total: int, stopped: bool, width: int | None = None) -> Text:
     """After a generation: tokens, speed, time to the first token, and how much of the running text (total
-    tokens) the model sees: all of it, or the last `window`."""
+    tokens) the model sees: all of it, or the last `window`. Wider than `width`, it breaks between its parts,
+    after a ' · ' (each part whole: a terminal would cut a number, Rich a part at a space)."""
     parts = [f"{stats.tokens:,} tokens", f"{stats.tokens_per_s:,.0f} tokens/s", f"first token {stats.ttft_ms:.0f} ms"]
     if window is None:
         parts.append(f"state after {total:,} tokens (no context limit)")
@@ -74,7 +140,16 @@ def status_line(stats, window: int | None, total: int, stopped: bool) -> Text:
         parts.append(f"context: the last {window} of {total:,} tokens")
     else:
         parts.append(f"context {total}/{window}")
-    return Text(("stopped · " if stopped else "") + " · ".join(parts), style="dim")
+    if stopped:
+        parts.insert(0, "stopped")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if width is not None and cell_len(lines[-1]) + len(" · ") + cell_len(part) > width:
+            lines[-1] += " ·"
+            lines.append(part)
+        else:
+            lines[-1] += " · " + part
+    return Text("\n".join(lines), style="dim")
 
 
 def print_samples(console: Console, samples, echo: bool = True) -> list:

@@ -2,14 +2,17 @@
 when the output is not a terminal), then a table of what each model is and how it did (also after each
 prompt of `compare --interactive`, whose input loop is charlm.commands.compare).
 
-The generation itself, round-robin with per-model timing, is charlm.comparison; this module only draws.
+The generation itself, round-robin with per-model timing, is charlm.comparison, run by commands.compare; this
+module only draws: the progress it is shown (callbacks) and the result.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group
@@ -18,11 +21,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from charlm.comparison import Comparison, Contestant
 from charlm.config import SampleConfig
-from charlm.models import count_params
 from charlm.settings import flag_fields, flag_name
 from charlm.views.text import duration, safe_text
+
+if TYPE_CHECKING:  # (charlm.comparison imports torch; this module draws what it holds)
+    from charlm.comparison import Comparison, Contestant
 
 MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
@@ -76,9 +80,8 @@ def _pack(items: list[Text], width: int, sep: Text) -> list[Text]:
 
 def header(p: Contestant) -> tuple[Text, Text]:
     m, tok = p.ckpt.model_config, p.ckpt.tokenizer
-    params = p.ckpt.saved.params or count_params(p.ckpt.model)
     title = Text(safe_text(p.label), style="bold")
-    sub = Text(f"{m.kind} · {tok.kind} · {human(params)} params")
+    sub = Text(f"{m.kind} · {tok.kind} · {human(p.params)} params")
     return title, sub
 
 
@@ -87,91 +90,110 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else safe_text(str(value))
 
 
+def panels(players: list[Contestant], width: int):
+    """Each model's prompt and text so far in a panel: side by side when each gets MIN_COLUMN cells, else
+    stacked. A word longer than its column folds onto the next line, never ends in …."""
+    boxes = []
+    for p in players:
+        title, sub = header(p)
+        body = Text.assemble((safe_text(p.prompt), "dim"), safe_text(p.output))
+        if p.note:
+            body = Text(safe_text(p.note), style="yellow")
+        body.overflow = "fold"
+        boxes.append(Panel(body, title=title, subtitle=sub, title_align="left", subtitle_align="left"))
+    if width // len(boxes) < MIN_COLUMN:
+        return Group(*boxes)
+    grid = Table.grid(expand=True, padding=(0, 1))
+    for _ in boxes:
+        grid.add_column(ratio=1)
+    grid.add_row(*boxes)
+    return grid
+
+
 class CompareView:
-    """Draws a Comparison: live panels while it runs, then the results table and notes."""
+    """`charlm compare` on the screen. While commands.compare.compare() works it calls evaluating(label) (a bar
+    on `err` while a model scores the eval file), evaluated() (what a model could not score) and generating()
+    (on a terminal, live panels growing as the tokens arrive); each takes over from `before` (the Loading
+    spinner). Then show() draws the result: the texts (plain blocks when the output is not a terminal; the
+    panels' last frame stays on one), the results table and its notes."""
 
-    def __init__(self, comparison: Comparison, console: Console):
-        self.comparison, self.console = comparison, console
-        self.players = comparison.players
+    def __init__(self, console: Console, err: Console | None = None, before=None):
+        self.console, self.err, self.before = console, err or console, before
 
-    # read live: /set replaces the settings, a run sets the seed, evaluate() the eval file
-    @property
-    def eval_path(self):
-        return self.comparison.eval_path
+    def _take_over(self) -> None:
+        if self.before is not None:
+            self.before.__exit__(None, None, None)
+            self.before = None
 
-    @property
-    def settings(self):
-        return self.comparison.settings
+    def evaluating(self, label: str):
+        """The progress of one model scoring the eval file: a context manager that is evaluate_file's callback."""
+        from charlm.views.eval import EvalProgress
 
-    @property
-    def last_seed(self):
-        return self.comparison.last_seed
+        self._take_over()
+        return EvalProgress(self.err, f"eval {label}")
 
-    def panels(self):
-        panels = []
-        for p in self.players:
-            title, sub = header(p)
-            body = Text.assemble((safe_text(p.prompt), "dim"), safe_text(p.output))
-            if p.note:
-                body = Text(safe_text(p.note), style="yellow")
-            body.overflow = "fold"  # a word longer than the column folds onto the next line, never ends in …
-            panels.append(Panel(body, title=title, subtitle=sub, title_align="left", subtitle_align="left"))
-        if self.console.width // len(panels) < MIN_COLUMN:
-            return Group(*panels)
-        grid = Table.grid(expand=True, padding=(0, 1))
-        for _ in panels:
-            grid.add_column(ratio=1)
-        grid.add_row(*panels)
-        return grid
+    def evaluated(self, comparison: Comparison) -> None:
+        """A model that could not score the file (a char model that never saw one of its characters): said once,
+        before any text."""
+        for p in comparison.players:
+            if p.eval_note:
+                self.console.print(Text(safe_text(f"{p.label}: {p.eval_note}"), style="yellow"), soft_wrap=True)
 
-    def show(self, prompt: str) -> None:
-        """Generate and display: live columns on a terminal, plain blocks otherwise; then the table."""
-        if self.console.is_terminal:
-            last = 0.0
-            live = Live(self.panels(), console=self.console, auto_refresh=False, vertical_overflow="ellipsis")
+    @contextmanager
+    def generating(self, comparison: Comparison):
+        """`with view.generating(comparison) as on_tick: comparison.run(prompt, on_tick)`: on a terminal, the
+        panels redrawn at most FPS times a second; elsewhere on_tick is None and show() prints the texts."""
+        self._take_over()
+        if not self.console.is_terminal or self.console.quiet:
+            yield None
+            return
+        players, width, last = comparison.players, self.console.width, 0.0
+        live = Live(panels(players, width), console=self.console, auto_refresh=False, vertical_overflow="ellipsis")
 
-            def tick():
-                nonlocal last
-                if time.perf_counter() - last >= 1 / FPS:
-                    live.update(self.panels(), refresh=True)
-                    last = time.perf_counter()
+        def tick():
+            nonlocal last
+            if time.perf_counter() - last >= 1 / FPS:
+                live.update(panels(players, width), refresh=True)
+                last = time.perf_counter()
 
-            # not `with Live(...)`: a Ctrl-C inside Live's own first paint would skip its __exit__ and leave
-            # it hooked to the console, redrawing the panels under every later line; stop() always runs here
+        # not `with Live(...)`: a Ctrl-C inside Live's own first paint would skip its __exit__ and leave it
+        # hooked to the console, redrawing the panels under every later line; stop() always runs here
+        try:
+            live.start(refresh=True)
+            yield tick
+        finally:
             try:
-                live.start(refresh=True)
-                self.comparison.run(prompt, tick)
+                live.update(panels(players, width), refresh=True)
             finally:
-                try:
-                    live.update(self.panels(), refresh=True)
-                finally:
-                    live.stop()
-        else:
-            self.comparison.run(prompt)
-            for p in self.players:
+                live.stop()
+
+    def show(self, comparison: Comparison) -> None:
+        """The result of a run: the texts when the output is not a terminal (a terminal keeps the panels' last
+        frame), then the results table and its notes."""
+        if not self.console.is_terminal:
+            for p in comparison.players:
                 title, sub = header(p)
                 self.console.print(Text("== ") + title + Text(f" ({sub.plain}) =="), soft_wrap=True)
                 self.console.print(Text(safe_text(p.note or p.prompt + p.output)), soft_wrap=True)
                 self.console.print()
-        self.results()
+        self.results(comparison)
 
-    def columns(self) -> tuple[list[str], list[list[Text]]]:
+    def columns(self, comparison: Comparison) -> tuple[list[str], list[list[Text]]]:
         """The results' column names, and per model its cells (the best of a column styled, or starred
         when the output is plain)."""
         plain = not self.console.is_terminal
         cols = ["params", "steps", "trained", "val bpc"]
-        if self.eval_path is not None:
+        if comparison.eval_path is not None:
             cols.append("eval bpc")
         cols += ["tok/s", "chars/s", "TTFT"]
         # (value, text) per model per column; value None: nothing to compare; lower values are better
         rows = []
-        for p in self.players:
+        for p in comparison.players:
             d = p.ckpt.saved
-            params = d.params or count_params(p.ckpt.model)
-            row = [(None, human(params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
+            row = [(None, human(p.params)), (None, f"{d.step:,}"), (None, duration(d.train_seconds))]
             bpc = _finite(d.best_val_bpc)
             row.append((bpc, f"{bpc:.3f}" if bpc is not None else "—"))
-            if self.eval_path is not None:
+            if comparison.eval_path is not None:
                 e = p.eval.bits_per_char if p.eval else None
                 row.append((e, f"{e:.3f}" if e is not None else "—"))
             for chars, rate in ((False, p.tokens_per_s), (True, p.chars_per_s)):
@@ -195,12 +217,12 @@ class CompareView:
         ]
         return cols, cells
 
-    def notes_lines(self) -> list[str]:
+    def notes_lines(self, comparison: Comparison) -> list[str]:
         """What the columns mean and how this run was made (printed under the results)."""
-        s = self.settings
+        s = comparison.settings
         lines = ["val bpc: best validation bits/char in training (each on its own corpus)"]
-        if self.eval_path is not None:
-            lines.append(safe_text(f"eval bpc: bits/char on {Path(self.eval_path).name}, the whole file"))
+        if comparison.eval_path is not None:
+            lines.append(safe_text(f"eval bpc: bits/char on {Path(comparison.eval_path).name}, the whole file"))
         apart = ("temperature", "max_tokens", "stop", "seed", "unknown")  # shown apart, or not how a token is picked
         changed = [  # how each next token was picked: the settings changed from their defaults, from the fields
             f"{flag_name(f)} {_shown(getattr(s, f.name))}"
@@ -208,15 +230,14 @@ class CompareView:
             if f.name not in apart and getattr(s, f.name) != f.default
         ]
         lines.append(
-            f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {self.last_seed} · "
+            f"tok/s, chars/s, TTFT (time to first token, ms): this run · seed {comparison.last_seed} · "
             + " · ".join([f"temperature {s.temperature:g}", *changed])
         )
-        kinds = {p.ckpt.tokenizer.kind for p in self.players}
-        if len(kinds) > 1:  # -n counts tokens, and a BPE token holds several characters: say what each wrote
-            wrote = " · ".join(f"{p.ckpt.name} {len(p.output):,}" for p in self.players if p.tokens)
+        if comparison.counts_chars:  # a BPE token holds several characters: -n counted characters
+            wrote = " · ".join(f"{p.label} {p.tokens:,}" for p in comparison.players if p.tokens)
             lines.append(
-                f"--max-tokens {s.max_tokens} counts tokens, and a bpe token holds several characters: "
-                f"characters written: {wrote} (chars/s compares the rates on characters)"
+                f"--max-tokens {s.max_tokens} counts characters here (the models' tokens differ in size), so every "
+                f"text is as long: tokens written: {wrote} (chars/s compares the rates on characters)"
             )
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
@@ -225,21 +246,21 @@ class CompareView:
         )
         return lines
 
-    def table(self) -> Table:
-        cols, cells = self.columns()
+    def table(self, comparison: Comparison) -> Table:
+        cols, cells = self.columns(comparison)
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         table.add_column("model", no_wrap=True)  # never folded: too narrow for it, results() lists instead
         for c in cols:
             table.add_column(c, justify="right", no_wrap=True)
-        for p, row in zip(self.players, cells):
+        for p, row in zip(comparison.players, cells):
             table.add_row(Text(safe_text(p.label)), *row)
         return table
 
-    def results(self) -> None:
+    def results(self, comparison: Comparison) -> None:
         """The table, or on a terminal too narrow for it, one block per model with every column (a
         squeezed table would drop columns and fold names mid-word); then the notes, wrapped at words."""
-        table = self.table()
-        notes = Text("\n".join(self.notes_lines()), style="dim")
+        table = self.table(comparison)
+        notes = Text("\n".join(self.notes_lines(comparison)), style="dim")
         wide = self.console.measure(table, options=self.console.options.update_width(1000)).maximum
         if not self.console.is_terminal:  # a file or a pipe has no width: print the whole table
             out = Console(file=self.console.file, width=max(self.console.width, wide), highlight=False)
@@ -249,15 +270,10 @@ class CompareView:
         if wide <= self.console.width:
             self.console.print(table)
         else:
-            cols, cells = self.columns()
-            for p, row in zip(self.players, cells):
+            cols, cells = self.columns(comparison)
+            for p, row in zip(comparison.players, cells):
                 self.console.print(Text(safe_text(p.label), style="bold"))
                 items = [Text(f"{c} ", style="dim") + cell for c, cell in zip(cols, row)]
                 for line in _pack(items, self.console.width - 2, Text(" · ", style="dim")):
                     self.console.print(Text("  ") + line, no_wrap=True, overflow="fold")
         self.console.print(notes)
-
-    def notes(self) -> None:
-        for p in self.players:
-            if p.eval_note:
-                self.console.print(Text(safe_text(f"{p.label}: {p.eval_note}"), style="yellow"), soft_wrap=True)

@@ -57,7 +57,8 @@ def chart_text(result, width: int, color: bool) -> str | None:
     )
 
 
-def render_lab(console: Console, result, color: bool = True) -> None:
+def render_lab(console: Console, result, color: bool = True, views=None) -> None:
+    """An experiment's tables, chart and reading; with views (commands.lab.LabRun's), why it came out so."""
     console.print(results_table(result.results, f"charlm lab {result.experiment}"))
     if result.details.get("summary"):  # one row per model or size, read off the records
         console.print(results_table(result.details["summary"], "summary"))
@@ -70,6 +71,10 @@ def render_lab(console: Console, result, color: bool = True) -> None:
         console.print(Text(f"models: {', '.join(result.runs)} ({result.seconds:.0f} s in all)", style="dim"))
     elif result.seconds:
         console.print(Text(f"({result.seconds:.0f} s)", style="dim"))
+    if views is not None:
+        from charlm.views.heatmap import Screen
+
+        render_copy_views(console, result.details, *views, Screen.of(console, not color))
 
 
 def render_list(console: Console, experiments: dict[str, str]) -> None:

@@ -137,9 +137,11 @@ class Loading:
 
 
 @contextmanager
-def keys_unechoed(stream=None):
+def keys_unechoed(stream=None, keep_ctrl_d: bool = False):
     """Keys typed inside the block are not echoed by the terminal (nor ^C for Ctrl-C): they wait in its input
     buffer, and readline shows them at the next prompt instead of above a banner or inside a model's text.
+    keep_ctrl_d: the terminal also leaves the keys unread as lines (no ICANON), so a Ctrl-D reaches readline
+    as typed and leaves at the first prompt (a line discipline reading lines would swallow it).
     Nothing happens when stdin is not a terminal."""
     stream = stream or sys.stdin
     try:
@@ -155,7 +157,7 @@ def keys_unechoed(stream=None):
         yield
         return
     quiet = list(saved)
-    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL | (termios.ICANON if keep_ctrl_d else 0))
     try:
         termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: the keys typed so far stay in the buffer
         yield
