@@ -15,7 +15,7 @@ import statistics
 from rich.console import Console
 
 from charlm.lab import copy, recall
-from charlm.lab.result import Chart, LabResult, record, spread
+from charlm.lab.result import LabResult, record, spread
 from charlm.views.lab import render_lab
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,11 +44,9 @@ for i, r0 in enumerate(first["results"]):
     records.append(record(**ordered))
 settings = {**first["settings"], "seeds": seeds}
 if name == "recall":
-    reading = recall.reading(records, settings, seeds)
-    chart = Chart("pairs", ("accuracy", "no_binding"), "model", "P (key-value pairs)", "accuracy (mean over seeds)")
+    reading, chart = recall.reading(records, settings, seeds), recall.CHART
 else:
-    reading = copy.reading(records, first["details"], settings, seeds)
-    chart = Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy (mean over seeds)")
+    reading, chart = copy.reading(records, first["details"], settings, seeds), copy.CHART
 result = LabResult(
     name,
     settings,

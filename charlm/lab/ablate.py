@@ -39,6 +39,9 @@ class Scored:
     starts: list[int] | None = None
 
 
+CHART = Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost")  # how its records are drawn
+
+
 def _ids(ck, text: str | None, max_chars: int) -> Scored:
     """The tokens to score and where they come from: --text FILE; else the run's own corpus.txt (lab runs
     keep theirs, with the task's targets); else the validation part of the corpus the checkpoint names, when
@@ -221,7 +224,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
         settings_out,
         records,
         reading(records, base, cfg.kind),
-        Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost"),
+        CHART,
         seconds=clock(),
     )
 

@@ -38,6 +38,10 @@ QUICK = dict(hidden=(8, 64), longest=16, grid=(1, 2, 4, 8, 16), steps=300, train
 CHANCE = 1 / len(tasks.SYMBOLS)
 COPIES = 0.9  # "copies N": at least this share of the copied half right
 
+CHART = Chart(
+    "length", "accuracy", "hidden", "N (symbols to copy)", "accuracy (mean over seeds)", xlog=True
+)  # how its records are drawn
+
 
 def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=print, **settings) -> LabResult:
     s = {**DEFAULTS, **settings}
@@ -78,7 +82,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         {**s, "hidden": list(s["hidden"]), "grid": list(s["grid"]), "seeds": seed_list, "device": device},
         records,
         reading(summary, s, seed_list),
-        Chart("length", "accuracy", "hidden", "N (symbols to copy)", "accuracy (mean over seeds)", xlog=True),
+        CHART,
         runs=runs,
         seconds=clock(),
         details={"summary": summary},

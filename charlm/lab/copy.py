@@ -53,6 +53,10 @@ CHANCE = 1 / len(tasks.SYMBOLS)
 GOOD = 0.99  # copies: every symbol but one in a hundred
 FOLLOWS = 0.5  # a copy head: at least this share of its attention on the symbol to copy
 
+CHART = Chart(
+    "length", "accuracy", "model", "N (symbols to copy)", "accuracy (mean over seeds)"
+)  # how its records are drawn
+
 
 def context_for(n: int) -> int:
     return 2 * n + 2  # one whole line: its newline, N symbols, the separator, N symbols (and the next newline)
@@ -103,7 +107,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         {**s, "trained": list(s["trained"]), "lengths": list(tested), "seeds": seed_list, "device": device},
         records,
         reading(records, details, s, seed_list),
-        Chart("length", "accuracy", "model", "N (symbols to copy)", "accuracy (mean over seeds)"),
+        CHART,
         runs=list(runs.values()),
         seconds=clock(),
         details=details,
@@ -140,7 +144,8 @@ def family_reading(label: str, records: list[dict], kind: str, s: dict) -> str:
         parts.append(
             "at longer lengths it never saw: " + "; ".join(f"N={r['length']} {span(per_seed(r))}" for r in unseen)
         )
-    return " — ".join(parts) + f" (lr {s['lr'][kind]:g}, {s['steps'][kind]} steps)."
+    schedule = "decaying to a tenth" if s["decay"][kind] else "constant"
+    return " — ".join(parts) + f" (lr {s['lr'][kind]:g} {schedule}, {s['steps'][kind]} steps)."
 
 
 def reading(records: list[dict], details: dict, s: dict, seeds: list[int]) -> str:
@@ -151,7 +156,10 @@ def reading(records: list[dict], details: dict, s: dict, seeds: list[int]) -> st
         f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; each model learned every N from "
         f"{lo} to {hi} at once.",
         family_reading(
-            f"The Transformer ({params(by['transformer'])} parameters)", by["transformer"], "transformer", s
+            f"The Transformer ({params(by['transformer'])} parameters, {s['positions']} positions)",
+            by["transformer"],
+            "transformer",
+            s,
         ),
         family_reading(f"The LSTM ({params(by['lstm'])})", by["lstm"], "lstm", s),
     ]

@@ -30,6 +30,10 @@ DEFAULTS = dict(
 QUICK = dict(contexts=(32, 64, 128, 256), tokens=8, recompute_tokens=2, train_steps=1)
 MODES = (("lstm", "state"), ("transformer", "cache"), ("transformer", "recompute"))
 
+CHART = Chart(
+    "context", "ms_per_token", "mode", "context T (tokens)", "ms per generated token", xlog=True, ylog=True
+)  # how its records are drawn
+
 
 def _configs(size: str, vocab: int, context: int) -> dict[str, ModelConfig]:
     out = {}
@@ -116,7 +120,7 @@ def run(out=None, seed: int = 0, device: str = "cpu", progress=print, **settings
         {**s, "contexts": list(s["contexts"]), "seed": seed, "device": "cpu"},
         records,
         reading(records, exps, details["params"]),
-        Chart("context", "ms_per_token", "mode", "context T (tokens)", "ms per generated token", xlog=True, ylog=True),
+        CHART,
         seconds=clock(),
         details=details,
     )

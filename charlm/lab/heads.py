@@ -29,6 +29,10 @@ PREVIOUS, INDUCTION, OFFSET = 0.4, 0.3, 0.4  # scores from which a head is named
 PERIODS = 4  # probes, of periods spread up to half the context
 LOCAL = 2.5  # mean distance (tokens) up to which a head is local
 
+CHART = Chart(
+    "head_id", ("previous", "induction", "offset_weight"), None, "head (layer × heads + head)", "score"
+)  # how its records are drawn
+
 
 def probe_ids(tokenizer, period: int, seed: int) -> list[int]:
     """P random tokens, twice. Letters and digits only when the vocabulary has enough of them, so a char
@@ -186,7 +190,7 @@ def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None 
         {"checkpoint": str(ck.path), "periods": periods, "seed": seed},
         records,
         reading(records, periods),
-        Chart("head_id", ("previous", "induction", "offset_weight"), None, "head (layer × heads + head)", "score"),
+        CHART,
         seconds=clock(),
     )
 

@@ -56,6 +56,10 @@ RULE = (
 )
 PROBES = 4  # probe sequences the heads' scores are averaged over, their lengths spread over the range of S
 
+CHART = Chart(
+    "step", ("repeat_loss", "induction", "previous"), None, "training step", "nats / score"
+)  # how its records are drawn
+
 
 def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=print, **settings) -> LabResult:
     s = {**DEFAULTS, **settings}
@@ -106,7 +110,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         },
         records,
         reading(found, s, example),
-        Chart("step", ("repeat_loss", "induction", "previous"), None, "training step", "nats / score"),
+        CHART,
         runs=runs,
         seconds=clock(),
         details={"circuits": found, "example": example},

@@ -72,6 +72,11 @@ QUICK = dict(
 PLATEAU = 0.1  # bits per copied symbol within which an encoding counts as copying (the perfect copier: 0)
 
 
+CHART = Chart(
+    "length", "bits", "positions", "symbols to copy (N)", "bits per copied symbol"
+)  # how its records are drawn
+
+
 # ---- the task -----------------------------------------------------------------------------------------
 
 
@@ -252,7 +257,7 @@ def result(raws: list[dict], s: dict, runs: list[str], seconds: float) -> LabRes
         settings,
         records,
         reading(records, summary, s),
-        Chart("length", "bits", "positions", "symbols to copy (N)", "bits per copied symbol"),
+        CHART,
         runs=runs,
         seconds=seconds,
         details={"summary": summary, "raw": raws},

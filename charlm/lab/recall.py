@@ -48,6 +48,10 @@ CHANCE = 1 / len(tasks.VALUES)
 GOOD = 0.95
 BINDS = 0.1  # "binds pairs": at least this far above the no-binding baseline in every seed
 
+CHART = Chart(
+    "pairs", ("accuracy", "no_binding"), "model", "P (key-value pairs)", "accuracy (mean over seeds)"
+)  # how its records are drawn
+
 
 def baselines(pairs: int) -> dict:
     return {"no_binding": tasks.recall_no_binding(pairs), "chance": CHANCE}
@@ -67,7 +71,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
         {**s, "pairs": list(P), "seeds": seed_list, "device": device},
         records,
         reading(records, s, seed_list),
-        Chart("pairs", ("accuracy", "no_binding"), "model", "P (key-value pairs)", "accuracy (mean over seeds)"),
+        CHART,
         runs=list(runs.values()),
         seconds=clock(),
     )
