@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import cli, one_line_error
 
 from charlm.cli import main
-from charlm.lab import EXPERIMENTS
+from charlm.lab import EXPERIMENTS, tasks
 from charlm.lab.heads import score_heads
 
 
@@ -199,7 +199,6 @@ def test_cost_recomputation_grows_faster_than_the_cache():
 
 
 def test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach(tmp_path):
-    from charlm.lab import tasks
 
     out = lab("recall", out=tmp_path / "runs")
     records = out["results"]
@@ -219,10 +218,27 @@ def test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach(tmp_pa
     assert "above what no binding can reach at every P" in out["reading"]
 
 
+def test_recall_reading_says_which_seeds_bind_pairs_at_which_p():
+    """More than BINDS above the no-binding baseline in one seed is binding in that seed, not 'no sign of it'
+    (seed 9's LSTM at default size: 66% at P=2 against 50%)."""
+    from charlm.lab import recall
+
+    def lstm(p, *values):
+        base = tasks.recall_no_binding(p)
+        return {"model": "lstm", "pairs": p, "no_binding": base, "accuracy": sum(values) / 2, "per_seed": list(values)}
+
+    def read(*records):
+        return recall.family_reading("The LSTM", list(records), recall.DEFAULTS, "lstm", [3, 9])
+
+    some = read(lstm(2, 0.48, 0.66), lstm(4, 0.30, 0.31))
+    assert "binding some pairs, at P=2 in 1 of 2 seeds (9); within 10 points" in some and "no sign" not in some
+    assert "no sign that it binds a single pair" in read(lstm(2, 0.48, 0.55), lstm(4, 0.30, 0.31))
+    assert "at every P, in 2 of 2 seeds: it looks the pairs up" in read(lstm(2, 0.9, 1.0), lstm(4, 0.8, 0.99))
+
+
 def test_a_padded_task_text_holds_one_example_a_window():
     """recall's mixed sizes: a line padded with newlines to the longest example, so a window of that length + 1
     from an example's start holds no key of the next example."""
-    from charlm.lab import tasks
 
     data = tasks.corpus("recall", (2, 4), 3000, seed=0, pad=20)
     lines = data.text.split("\n")
