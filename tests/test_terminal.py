@@ -370,15 +370,21 @@ def on_screen(tmp_path, size, *args) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("cols,rows", SIZES[1:])
+@pytest.mark.parametrize("cols,rows", SIZES)
 def test_gates_fits_the_screen_with_as_many_units_as_there_is_room_for(view_runs, cols, rows, tmp_path):
     """Found: at 120×40 gates showed 1 unit (2 at 200×50), though 8 is its default: the fit reserved 6 lines of
-    column labels per panel, which a char model's 1-line labels do not need. (60×20 cannot hold the 4 gate panels
-    and the state panel of even one unit: answered in the issue's note.)"""
+    column labels per panel, which a char model's 1-line labels do not need; at 60×20 its scale, sign legend and
+    title scrolled off the top. Now the panels stand side by side where the width holds them (8 units at 120×40),
+    and a screen too short for one unit of every panel leaves panels out and says which."""
     lines = on_screen(tmp_path, (cols, rows), "gates", view_runs["lstm"], "ROMEO: But soft, what light through yonder")
-    assert len(lines) + 1 <= rows, "\n".join(lines)  # everything on one screen, with the shell's prompt after it
-    shown = int(re.search(r"(\d+) of 32 units", "\n".join(lines)).group(1))
-    assert shown == {80: 1, 120: 5, 200: 8}[cols], "\n".join(lines)  # 8: the default, all there is room for
+    screen = "\n".join(lines)
+    assert len(lines) + 1 <= rows, screen  # everything on one screen, with the shell's prompt after it
+    assert lines[0].startswith("scale:") and "sign: +" in screen and "LSTM layer 1:" in screen
+    shown = int(re.search(r"(\d+) of 32 units", screen).group(1))
+    assert shown == {60: 1, 80: 1, 120: 8, 200: 8}[cols], screen  # 8: the default
+    left_out = "2 panels left out (input, output): | less or a taller terminal shows all"
+    assert (left_out in " ".join(screen.split())) == (cols == 60), screen
+    assert screen.count("forget gate f") == 1 and screen.count("cell state c:") == 1
 
 
 @pytest.mark.parametrize("cols,rows", SIZES)
@@ -476,3 +482,98 @@ def test_compare_of_char_and_bpe_says_what_n_counts(cmp_runs):
     assert "--max-tokens 20 counts tokens, and a bpe token holds several characters" in notes
     same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1").stdout
     assert "counts tokens" not in same
+
+
+# ---- plain lines: Rich wraps prose at spaces, commands break between words ------------------------
+
+LONG_RUN = "checkpoints/tinyshakespeare-transformer-char-2nd-try"
+
+
+def training_screen(cols: int, tmp_path, monkeypatch) -> tuple[str, object]:
+    """What the training view prints on a terminal `cols` wide, with the console `charlm train` makes (soft_wrap:
+    a log line in a pipe stays whole): the header, an evaluation with its sample, the summary of a run on a busy
+    CPU that barely learned."""
+    from conftest import tiny_train
+
+    from charlm.config import ModelConfig
+    from charlm.train import Evaluated, Result, Started, Stepped
+    from charlm.views.progress import TrainView
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    screen = io.StringIO()
+    view = TrainView(Console(file=screen, width=cols, height=40, force_terminal=True, soft_wrap=True), corpus="my.txt")
+
+    def bar_elsewhere():  # the live bar redraws itself in place: draw it apart from the lines printed
+        from rich.progress import Progress
+
+        if view.progress is None:
+            view.progress = Progress(console=Console(file=io.StringIO()))
+            view.progress.start()
+        return view.progress
+
+    view._ensure_progress = bar_elsewhere
+    cfg = tiny_train(50)
+    view(Started(out_dir=LONG_RUN, device="cpu", params=1000, model_config=ModelConfig(vocab_size=65),
+                 train_config=cfg, start_step=0, train_tokens=1000, val_tokens=100, vocab_size=65))  # fmt: skip
+    for step in range(1, 21):
+        view(Stepped(step=step, loss=4.0, lr=1e-3, tokens_per_s=5000.0, elapsed=step / 10, load=9.0))
+    sample = "ROMEO:\nBut soft, what light through yonder window breaks? " * 6
+    view(Evaluated(step=20, train_loss=4.0, val_loss=4.0, val_bpc=5.8, is_best=True, sample=sample))
+    view.finish(Result(out_dir=LONG_RUN, step=20, stopped="steps", train_seconds=2.0, best_val_loss=4.0,
+                       best_val_bpc=5.8, last_val_loss=4.0, params=1000))  # fmt: skip
+    return strip_ansi(screen.getvalue()), view
+
+
+def commands_in(lines: list[str]) -> list[str]:
+    """The shell commands on a screen, their ' \\' continuation lines joined as a shell reads them."""
+    found, current = [], ""
+    for line in lines:
+        if current or line.startswith("  charlm ") or line.startswith("resume with: charlm"):
+            current += line.strip().removeprefix("resume with: ") if not current else " " + line.strip()
+            if current.endswith(" \\"):
+                current = current[:-2]
+            else:
+                found.append(current)
+                current = ""
+    return found
+
+
+@pytest.mark.parametrize("cols", [60, 120])
+def test_training_prose_wraps_at_spaces_and_commands_break_between_words(cols, tmp_path, monkeypatch):
+    """Found: train's lines were wrapped by the terminal mid-word at every width (`…tinyshakespeare-transf⏎ormer-char`
+    at 120 columns, `Train again w⏎hen`), and at 60 columns the commands meant to be copied broke
+    (`--out checkpoints⏎/tinyshakespeare-lstm-char`); the samples at each evaluation overflowed even 200 columns."""
+    out, _ = training_screen(cols, tmp_path, monkeypatch)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= cols, out  # nothing left for the terminal to wrap
+    words = set(out.split())
+    for word in ["quieter,", "Train", "again", "when", "barely", "started", LONG_RUN]:
+        assert word in words, (word, out)  # each one whole
+    run = LONG_RUN
+    assert commands_in(lines) == [
+        f"charlm train my.txt --out {run} --resume --max-time 10m",
+        f"charlm chat {run}",
+        f'charlm sample {run} --prompt "..."',
+        f"charlm info {run}",
+    ], out
+    preview = [line for line in lines if line.startswith("  ROMEO:")]
+    assert len(preview) == 1 and preview[0].endswith("…"), out  # the evaluation's sample: one line, cut
+
+
+def test_the_resume_command_after_ctrl_c_breaks_between_words(tmp_path):
+    """Found with the above: the resume command printed after Ctrl-C broke mid-path at 60 columns."""
+    from charlm.train import TrainingInterrupted
+    from charlm.views.progress import TrainView
+
+    resume = f"charlm train 'my corpus.txt' --out {LONG_RUN} --resume"
+    for cols in (60, 120):
+        screen = io.StringIO()
+        view = TrainView(Console(file=screen, width=cols, force_terminal=True, soft_wrap=True))
+        view.interrupted(TrainingInterrupted(None, out_dir=LONG_RUN, saved_step=5), resume)
+        lines = strip_ansi(screen.getvalue()).splitlines()
+        assert max(map(len, lines)) <= cols and commands_in(lines) == [resume], lines
+    piped = io.StringIO()  # a log keeps it on one line, as long as it is
+    TrainView(Console(file=piped, width=60, soft_wrap=True)).interrupted(
+        TrainingInterrupted(None, out_dir=LONG_RUN, saved_step=5), resume
+    )
+    assert f"resume with: {resume}\n" in piped.getvalue()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import unicodedata
 from contextlib import contextmanager
 from typing import NoReturn
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
@@ -52,6 +54,38 @@ def shell_quote(text: object) -> str:
         _visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch] for ch in text
     )
     return "$'" + "".join(escaped) + "'"
+
+
+# one word of a shell command: quoted pieces (which may hold spaces) and other characters, up to a space
+_SHELL_WORD = re.compile(r"""(?:\$'(?:\\.|[^'\\])*'|'[^']*'|"(?:\\.|[^"\\])*"|[^\s'"$]|\$)+""")
+
+
+def command_lines(command: str, width: int | None, indent: str = "  ", lead: str | None = None) -> list[str]:
+    """A command to be copied into a shell (its words quoted already), as lines that fit `width`, the first after
+    `lead` (default: the indent): broken only between words, a flag kept with its value, each broken line ending
+    in ' \\' so the lines paste as one command. A word longer than a line stands alone on its own (the terminal
+    folds it; nothing splits it)."""
+    lead = indent if lead is None else lead
+    words = _SHELL_WORD.findall(command)
+    units: list[str] = []
+    for word in words:  # "--out PATH" stays together
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    if width is None or cell_len(lead + " ".join(words)) <= width:
+        return [lead + " ".join(words)]
+    more = indent + "  "
+    # a flag and its value that do not fit one line together go on two
+    units = [part for unit in units for part in ([unit] if cell_len(more + unit) + 2 <= width else unit.split(" ", 1))]
+    lines, line = [], lead + units[0]
+    for unit in units[1:]:
+        if cell_len(line + " " + unit) + 2 <= width:  # room for the unit and a ' \\' after it
+            line += " " + unit
+        else:
+            lines.append(line + " \\")
+            line = more + unit
+    return [*lines, line]
 
 
 def duration(seconds: float) -> str:
