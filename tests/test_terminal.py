@@ -14,6 +14,7 @@ import pytest
 from conftest import cli, one_line_error, strip_ansi
 from rich.console import Console
 
+from charlm.config import AttnConfig
 from charlm.views.text import Loading
 
 SIZES = [(60, 20), (80, 24), (120, 40), (200, 50)]
@@ -449,19 +450,47 @@ def test_gates_ascii_glyphs_mean_one_thing_each(view_runs):
     assert "scale: " + GATES_ASCII_RAMP[1:] in out and "sign: + " + pos[1:] + "  - " + neg[1:] in out
 
 
-@pytest.mark.parametrize("cols,rows", SIZES[1:])
+@pytest.mark.parametrize("cols,rows", SIZES)
 def test_attn_overview_fits_the_screen_and_uses_its_width(view_runs, cols, rows, tmp_path):
-    """Found: at 60×20 --overview showed only layers 2-3 (the rest scrolled off); at 200×50 it used 43 columns,
-    with 9-token maps (6 at 120×40): one row of maps per layer. The maps now flow across layers. (At 60×20 the
-    4 heads × 2 layers of 6-token maps, their titles and notes take 22 lines: answered in the issue's note.)"""
+    """Found: at 60×20 --overview showed only layers 2-3 (the rest, and its title, scrolled off); at 200×50 it used
+    43 columns, with 9-token maps (6 at 120×40): one row of maps per layer. The maps now flow across layers, and a
+    screen too short for every layer shows the last ones under the title, and says which were left out."""
     text = "ROMEO: But soft, what light through yonder window breaks?"
     lines = on_screen(tmp_path, (cols, rows), "attn", view_runs["tf"], text, "--overview")
-    assert len(lines) + 1 <= rows, "\n".join(lines)
+    screen = "\n".join(lines)
+    assert len(lines) + 1 <= rows, screen
     assert lines[0].startswith("attention overview") or lines[1].startswith("attention overview")
+    assert "L0H0" in screen and "L1H1" in screen  # (2 layers × 2 heads: room for all at 60×20)
     tokens = re.search(r"tokens (\d+)\.\.(\d+)", "\n".join(lines))
     shown = int(tokens.group(2)) - int(tokens.group(1)) + 1
     if cols >= 120:
         assert shown >= 12 and max(map(len, lines)) >= 0.7 * cols, "\n".join(lines)
+
+
+def test_attn_overview_leaves_out_the_first_layers_on_a_short_screen():
+    """Found: at 60×20 --overview of a 4-layer, 4-head model showed only layers 2-3, and its title scrolled off. Now
+    the title stays, the last layers that fit are shown, and a hint names those left out."""
+    import numpy as np
+
+    from charlm.models.probes import Attention, head_stats
+    from charlm.tokenizer import CharTokenizer
+    from charlm.views.attention import overview_lines
+    from charlm.views.heatmap import Screen, height_of
+
+    tok = CharTokenizer(sorted(set("ROMEO: But soft, what light through yonder")))
+    ids = tok.encode("ROMEO: But soft, what light through yonder")
+    T = len(ids)
+    w = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # each token looks evenly at all it sees
+    weights = np.broadcast_to(w, (4, 4, T, T)).astype(np.float32)
+    att = Attention(ids, 0, weights, head_stats(weights), 3, None, None)
+    for (cols, rows), hidden in (((60, 20), "layers 0..2"), ((80, 24), None), ((120, 40), None)):
+        lines = overview_lines(tok, att, AttnConfig(overview=True), Screen(cols, rows))
+        screen = "\n".join(line.plain for line in lines)
+        assert height_of(lines, cols) + 1 <= rows, screen  # with the shell's prompt after it
+        assert lines[0].plain.startswith("attention overview: 4 layers × 4 heads"), screen
+        hint = f"{hidden} of 4 left out (no room): | less or a taller terminal shows all"
+        titles = " ".join(line.plain for line in lines if line.plain.startswith("L"))  # the maps' titles
+        assert (hint in screen) == bool(hidden) and ("L0H0" in titles) == (not hidden) and "L3H3" in titles
 
 
 def test_the_command_line_draws_before_numpy_or_torch_load():
