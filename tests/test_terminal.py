@@ -606,3 +606,16 @@ def test_the_resume_command_after_ctrl_c_breaks_between_words(tmp_path):
         TrainingInterrupted(None, out_dir=LONG_RUN, saved_step=5), resume
     )
     assert f"resume with: {resume}\n" in piped.getvalue()
+
+
+def test_plot_writes_training_time_as_every_other_output_does():
+    """Found: one kind of duration was written six ways, `123.805` on plot's time axis among them."""
+    from charlm.views.runs import loss_chart
+
+    for n in (5, 30):  # the measured times as ticks (a few points), or evenly spaced ones
+        points = [
+            {"step": k, "elapsed": 123.805 * k / (n - 1), "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0}
+            for k in range(n)
+        ]
+        chart = loss_chart({"run": points}, x="time", width=70, height=12, color=False)
+        assert "2m04s" in chart and "123.8" not in chart and "training time" in chart, chart
