@@ -619,3 +619,23 @@ def test_plot_writes_training_time_as_every_other_output_does():
         ]
         chart = loss_chart({"run": points}, x="time", width=70, height=12, color=False)
         assert "2m04s" in chart and "123.8" not in chart and "training time" in chart, chart
+
+
+def test_a_command_broken_to_fit_reads_back_as_the_same_words():
+    """command_lines breaks only between words: the shell reads the lines (joined at their ' \\') as the words of
+    the command, for paths with spaces, quotes and escapes alike, at every width."""
+    import shlex
+
+    from charlm.views.text import command_lines, shell_quote
+
+    paths = ["checkpoints/run", "my runs/a b", "it's here", "tab\there", "[bold]x", "é/ü 3"]
+    for path in paths:
+        command = f"charlm train {shell_quote(path + '.txt')} --out {shell_quote(path)} --resume --max-time 10m"
+        for width in (20, 40, 60, 200):
+            lines = command_lines(command, width)
+            joined = "\n".join(lines).replace(" \\\n", " ")
+            if "\t" not in path:  # ($'...' is bash's, not shlex's)
+                assert shlex.split(joined) == shlex.split(command), lines
+            assert joined.split() == command.split(), lines  # whole words, in order
+            too_long = [line for line in lines if len(line) > width]  # only a word longer than a line stands alone
+            assert all(len(shlex.split(line.strip().removesuffix(" \\"))) == 1 for line in too_long), lines

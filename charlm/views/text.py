@@ -67,24 +67,26 @@ def command_lines(command: str, width: int | None, indent: str = "  ", lead: str
     folds it; nothing splits it)."""
     lead = indent if lead is None else lead
     words = _SHELL_WORD.findall(command)
-    units: list[str] = []
-    for word in words:  # "--out PATH" stays together
-        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
-            units[-1] += " " + word
-        else:
-            units.append(word)
-    if width is None or cell_len(lead + " ".join(words)) <= width:
-        return [lead + " ".join(words)]
+    if width is None or cell_len(lead + command) <= width:
+        return [lead + command]
     more = indent + "  "
-    # a flag and its value that do not fit one line together go on two
-    units = [part for unit in units for part in ([unit] if cell_len(more + unit) + 2 <= width else unit.split(" ", 1))]
-    lines, line = [], lead + units[0]
-    for unit in units[1:]:
-        if cell_len(line + " " + unit) + 2 <= width:  # room for the unit and a ' \\' after it
-            line += " " + unit
+    units: list[list[str]] = []
+    for word in words:  # "--out PATH" stays together...
+        if units and len(units[-1]) == 1 and units[-1][0].startswith("-") and not word.startswith("-"):
+            units[-1].append(word)
+        else:
+            units.append([word])
+    # ...unless the two do not fit one line together
+    pieces = []
+    for unit in units:
+        pieces += [" ".join(unit)] if cell_len(more + " ".join(unit)) + 2 <= width else unit
+    lines, line = [], lead + pieces[0]
+    for piece in pieces[1:]:
+        if cell_len(line + " " + piece) + 2 <= width:  # room for the piece and a ' \\' after it
+            line += " " + piece
         else:
             lines.append(line + " \\")
-            line = more + unit
+            line = more + piece
     return [*lines, line]
 
 
