@@ -639,3 +639,23 @@ def test_a_command_broken_to_fit_reads_back_as_the_same_words():
             assert joined.split() == command.split(), lines  # whole words, in order
             too_long = [line for line in lines if len(line) > width]  # only a word longer than a line stands alone
             assert all(len(shlex.split(line.strip().removesuffix(" \\"))) == 1 for line in too_long), lines
+
+
+def test_the_bar_shows_the_final_evaluation_not_the_one_before():
+    """Found: after the final evaluation the progress bar still showed the stale `val 3.874`."""
+    from conftest import tiny_train
+
+    from charlm.config import ModelConfig
+    from charlm.train import Evaluated, Started, Stepped
+    from charlm.views.progress import TrainView
+
+    view = TrainView(Console(file=io.StringIO(), width=120, force_terminal=True))
+    view(Started(out_dir="run", device="cpu", params=1000, model_config=ModelConfig(vocab_size=65),
+                 train_config=tiny_train(50), start_step=0, train_tokens=1000, val_tokens=100, vocab_size=65))  # fmt: skip
+    view(Stepped(step=25, loss=3.9, lr=1e-3, tokens_per_s=5000.0, elapsed=1.0))
+    view(Evaluated(step=25, train_loss=3.9, val_loss=3.874, val_bpc=5.6, is_best=True))
+    view(Stepped(step=50, loss=2.6, lr=1e-3, tokens_per_s=5000.0, elapsed=2.0))
+    view(Evaluated(step=50, train_loss=2.6, val_loss=2.512, val_bpc=3.6, is_best=True))  # the last one: no step after
+    info = view.progress.tasks[view.train_task].fields["info"]
+    view.close()
+    assert "val 2.512" in info and "3.874" not in info, info
