@@ -659,3 +659,26 @@ def test_the_bar_shows_the_final_evaluation_not_the_one_before():
     info = view.progress.tasks[view.train_task].fields["info"]
     view.close()
     assert "val 2.512" in info and "3.874" not in info, info
+
+
+@pytest.mark.parametrize("cols", [60, 80, 120])
+def test_the_training_bar_leaves_words_out_rather_than_cut_them(cols):
+    """Found with the audit: at 60 columns the live bar read `sam… step 14 · loss 3.982 · val 3.981 (5.74 bpc) ·
+    30,480 …` (its label and the speed cut). Its words now fit the room the bar leaves them: the speed, then the
+    loss left out."""
+    import re
+
+    from charlm.views.progress import TrainView
+
+    for label in ("training", "evaluating"):
+        console = Console(file=io.StringIO(), width=cols, force_terminal=True, color_system=None)
+        view = TrainView(console)
+        view.train_task = view._ensure_progress().add_task(label, total=100, info="", completed=50)
+        view.last_step, view.tps, view.last_val = (1206, 1.479), 10731.0, " · val 1.666 (2.40 bpc)"
+        view.progress.update(view.train_task, info=view._bar_info())
+        view.progress.refresh()
+        view.close()
+        screen = strip_ansi(re.sub(r"\r", "\n", console.file.getvalue()))
+        bar = [line for line in screen.splitlines() if line.strip()][-1]
+        assert "…" not in bar and bar.startswith(label) and "step 1206 · " in bar and "val 1.666 (2.40 bpc)" in bar
+        assert ("10,731 tok/s" in bar) == (cols >= 120) and ("loss 1.479" in bar) == (cols >= 80), bar

@@ -79,7 +79,7 @@ class TrainView:
         if self.progress is None:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=None),  # the room the words leave it
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
                 console=self.console,
@@ -132,19 +132,30 @@ class TrainView:
                 info="",
             )
 
-    def _info(self) -> str:
-        """The bar's words: the latest step, its loss, the latest evaluation, the speed."""
+    def _info(self, width: int | None = None) -> str:
+        """The bar's words: the latest step, its loss, the latest evaluation, the speed; within `width` (the
+        room a live bar leaves them), the speed, then the loss left out rather than a number cut."""
         if self.last_step is None:
             return ""
         step, loss = self.last_step
-        return f"step {step} · loss {loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
+        val = [self.last_val.removeprefix(" · ")] if self.last_val else []
+        parts = [f"step {step}", f"loss {loss:.3f}", *val, f"{self.tps:,.0f} tok/s"]
+        for drop in ((), (3 if val else 2,), (1, 3 if val else 2)):
+            text = " · ".join(p for k, p in enumerate(parts) if k not in drop)
+            if width is None or len(text) <= width:
+                return text
+        return text
+
+    def _bar_info(self) -> str:
+        """_info on a live bar: the console's width less its label, a short bar and the time left."""
+        return self._info(self.console.width - 28)
 
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
         if e.load is not None:
             self.loads.append(e.load)
         self.last_step = (e.step, e.loss)
-        info = self._info()
+        info = self._bar_info() if self.live else self._info()
         if self.live:
             t = self.started.train_config
             done = min(e.elapsed, t.max_time) if t.max_time else e.step
@@ -157,7 +168,7 @@ class TrainView:
     def _evaluated(self, e: Evaluated) -> None:
         self.last_val = f" · val {e.val_loss:.3f} ({e.val_bpc:.2f} bpc)"
         if self.live and self.train_task is not None:  # the bar shows this evaluation, not the one before
-            self.progress.update(self.train_task, info=self._info(), description="training")
+            self.progress.update(self.train_task, info=self._bar_info(), description="training")
         best = " [green]best[/]" if e.is_best else ""
         self._print(
             f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
