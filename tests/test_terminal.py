@@ -682,3 +682,25 @@ def test_the_training_bar_leaves_words_out_rather_than_cut_them(cols):
         bar = [line for line in screen.splitlines() if line.strip()][-1]
         assert "…" not in bar and bar.startswith(label) and "step 1206 · " in bar and "val 1.666 (2.40 bpc)" in bar
         assert ("10,731 tok/s" in bar) == (cols >= 120) and ("loss 1.479" in bar) == (cols >= 80), bar
+
+
+@pytest.mark.parametrize("cols", [60, 80, 120])
+def test_the_eval_bar_keeps_its_numbers_whole(cols):
+    """Found with the audit: at 60 and 80 columns compare --eval's bar read `eval tinyshakespeare-… tokens ·…`: the
+    counts and the time left were cut. The numbers now stay whole; a long label gives way, with an ellipsis."""
+    import re
+    import time
+
+    from charlm.views.eval import EvalProgress
+
+    for label in ("evaluating", "eval tinyshakespeare-transformer-char"):
+        console = Console(file=io.StringIO(), width=cols, force_terminal=True, color_system=None)
+        bar = EvalProgress(console, label)
+        bar(100, 100_000)
+        time.sleep(0.02)
+        bar(2_000, 100_000)
+        bar.__exit__(None, None, None)
+        screen = strip_ansi(re.sub(r"\r", "\n", console.file.getvalue()))
+        line = [line for line in screen.splitlines() if line.strip()][-1]
+        assert re.search(r"2,000/100,000 tokens · \d+(\.\d)?s left$", line), line
+        assert line.startswith(label) or (cols < 80 and line.startswith(label[:10]) and "…" in line), line
