@@ -92,7 +92,7 @@ class PlotConfig(Validated):
     y: str = flag(
         "bpc", "Bits per character (comparable across tokenizers), or loss in nats per token.", choices=("bpc", "loss")
     )
-    x: str = flag("step", "Optimizer steps, or seconds of training.", choices=("step", "time"))
+    x: str = flag("step", "Optimizer steps, or training time.", choices=("step", "time"))
     width: int | None = flag(None, "Width in characters [default: the terminal's, at most 120].")
     height: int = flag(20, "Height in lines.")
 

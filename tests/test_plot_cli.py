@@ -65,7 +65,7 @@ def test_several_runs_overlaid_loss_against_time(curves):
     assert r.exit_code == 0
     for legend in ("** transformer train", "++ transformer val", "oo lstm train", "xx lstm val"):
         assert legend in r.stdout, legend
-    assert "loss (nats/token)" in r.stdout and "seconds of training" in r.stdout
+    assert "loss (nats/token)" in r.stdout and "training time" in r.stdout
 
 
 def test_json_gives_the_numbers(curves):

@@ -14,6 +14,7 @@ import pytest
 from conftest import TINY, cli, one_line_error, strip_ansi
 from rich.console import Console
 
+from charlm.options import AttnConfig
 from charlm.views.text import Loading
 
 SIZES = [(60, 20), (80, 24), (120, 40), (200, 50)]
@@ -368,15 +369,21 @@ def on_screen(tmp_path, size, *args) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("cols,rows", SIZES[1:])
+@pytest.mark.parametrize("cols,rows", SIZES)
 def test_gates_fits_the_screen_with_as_many_units_as_there_is_room_for(view_runs, cols, rows, tmp_path):
     """Found: at 120×40 gates showed 1 unit (2 at 200×50), though 8 is its default: the fit reserved 6 lines of
-    column labels per panel, which a char model's 1-line labels do not need. (60×20 cannot hold the 4 gate panels
-    and the state panel of even one unit: answered in the issue's note.)"""
+    column labels per panel, which a char model's 1-line labels do not need; at 60×20 its scale, sign legend and
+    title scrolled off the top. Now the panels stand side by side where the width holds them (8 units at 120×40),
+    and a screen too short for one unit of every panel leaves panels out and says which."""
     lines = on_screen(tmp_path, (cols, rows), "gates", view_runs["lstm"], "ROMEO: But soft, what light through yonder")
-    assert len(lines) + 1 <= rows, "\n".join(lines)  # everything on one screen, with the shell's prompt after it
-    shown = int(re.search(r"(\d+) of 32 units", "\n".join(lines)).group(1))
-    assert shown == {80: 1, 120: 5, 200: 8}[cols], "\n".join(lines)  # 8: the default, all there is room for
+    screen = "\n".join(lines)
+    assert len(lines) + 1 <= rows, screen  # everything on one screen, with the shell's prompt after it
+    assert lines[0].startswith("scale:") and "sign: +" in screen and "LSTM layer 1:" in screen
+    shown = int(re.search(r"(\d+) of 32 units", screen).group(1))
+    assert shown == {60: 1, 80: 1, 120: 8, 200: 8}[cols], screen  # 8: the default
+    left_out = "2 panels left out (input, output): | less or a taller terminal shows all"
+    assert (left_out in " ".join(screen.split())) == (cols == 60), screen
+    assert screen.count("forget gate f") == 1 and screen.count("cell state c:") == 1
 
 
 @pytest.mark.parametrize("cols,rows", SIZES)
@@ -441,19 +448,47 @@ def test_gates_ascii_glyphs_mean_one_thing_each(view_runs):
     assert "scale: " + GATES_ASCII_RAMP[1:] in out and "sign: + " + pos[1:] + "  - " + neg[1:] in out
 
 
-@pytest.mark.parametrize("cols,rows", SIZES[1:])
+@pytest.mark.parametrize("cols,rows", SIZES)
 def test_attn_overview_fits_the_screen_and_uses_its_width(view_runs, cols, rows, tmp_path):
-    """Found: at 60×20 --overview showed only layers 2-3 (the rest scrolled off); at 200×50 it used 43 columns,
-    with 9-token maps (6 at 120×40): one row of maps per layer. The maps now flow across layers. (At 60×20 the
-    4 heads × 2 layers of 6-token maps, their titles and notes take 22 lines: answered in the issue's note.)"""
+    """Found: at 60×20 --overview showed only layers 2-3 (the rest, and its title, scrolled off); at 200×50 it used
+    43 columns, with 9-token maps (6 at 120×40): one row of maps per layer. The maps now flow across layers, and a
+    screen too short for every layer shows the last ones under the title, and says which were left out."""
     text = "ROMEO: But soft, what light through yonder window breaks?"
     lines = on_screen(tmp_path, (cols, rows), "attn", view_runs["tf"], text, "--overview")
-    assert len(lines) + 1 <= rows, "\n".join(lines)
+    screen = "\n".join(lines)
+    assert len(lines) + 1 <= rows, screen
     assert lines[0].startswith("attention overview") or lines[1].startswith("attention overview")
+    assert "L0H0" in screen and "L1H1" in screen  # (2 layers × 2 heads: room for all at 60×20)
     tokens = re.search(r"tokens (\d+)\.\.(\d+)", "\n".join(lines))
     shown = int(tokens.group(2)) - int(tokens.group(1)) + 1
     if cols >= 120:
         assert shown >= 12 and max(map(len, lines)) >= 0.7 * cols, "\n".join(lines)
+
+
+def test_attn_overview_leaves_out_the_first_layers_on_a_short_screen():
+    """Found: at 60×20 --overview of a 4-layer, 4-head model showed only layers 2-3, and its title scrolled off. Now
+    the title stays, the last layers that fit are shown, and a hint names those left out."""
+    import numpy as np
+
+    from charlm.models.probes import Attention, head_stats
+    from charlm.tokenizer import CharTokenizer
+    from charlm.views.attention import overview_lines
+    from charlm.views.heatmap import Screen, height_of
+
+    tok = CharTokenizer(sorted(set("ROMEO: But soft, what light through yonder")))
+    ids = tok.encode("ROMEO: But soft, what light through yonder")
+    T = len(ids)
+    w = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # each token looks evenly at all it sees
+    weights = np.broadcast_to(w, (4, 4, T, T)).astype(np.float32)
+    att = Attention(ids, 0, weights, head_stats(weights), 3, None, None)
+    for (cols, rows), hidden in (((60, 20), "layers 0..2"), ((80, 24), None), ((120, 40), None)):
+        lines = overview_lines(tok, att, AttnConfig(overview=True), Screen(cols, rows))
+        screen = "\n".join(line.plain for line in lines)
+        assert height_of(lines, cols) + 1 <= rows, screen  # with the shell's prompt after it
+        assert lines[0].plain.startswith("attention overview: 4 layers × 4 heads"), screen
+        hint = f"{hidden} of 4 left out (no room): | less or a taller terminal shows all"
+        titles = " ".join(line.plain for line in lines if line.plain.startswith("L"))  # the maps' titles
+        assert (hint in screen) == bool(hidden) and ("L0H0" in titles) == (not hidden) and "L3H3" in titles
 
 
 def test_the_command_line_draws_before_numpy_or_torch_load():
@@ -481,3 +516,196 @@ def test_compare_of_char_and_bpe_writes_texts_as_long_and_says_what_n_counts(cmp
     same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1", "--json")
     assert json.loads(same.stdout)["max_tokens_counts"] == "tokens" and "counts" not in same.stderr
     assert "--max-tokens counts characters" in " ".join(cli("compare", "--help").stdout.split())
+
+
+# ---- plain lines: Rich wraps prose at spaces, commands break between words ------------------------
+
+LONG_RUN = "checkpoints/tinyshakespeare-transformer-char-2nd-try"
+
+
+def training_screen(cols: int, tmp_path, monkeypatch) -> tuple[str, object]:
+    """What the training view prints on a terminal `cols` wide, with the console `charlm train` makes (soft_wrap:
+    a log line in a pipe stays whole): the header, an evaluation with its sample, the summary of a run on a busy
+    CPU that barely learned."""
+    from conftest import tiny_train
+
+    from charlm.config import ModelConfig
+    from charlm.events import Evaluated, Result, Started, Stepped
+    from charlm.views.progress import TrainView
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    screen = io.StringIO()
+    view = TrainView(Console(file=screen, width=cols, height=40, force_terminal=True, soft_wrap=True), corpus="my.txt")
+
+    def bar_elsewhere():  # the live bar redraws itself in place: draw it apart from the lines printed
+        from rich.progress import Progress
+
+        if view.progress is None:
+            view.progress = Progress(console=Console(file=io.StringIO()))
+            view.progress.start()
+        return view.progress
+
+    view._ensure_progress = bar_elsewhere
+    cfg = tiny_train(50)
+    view(Started(out_dir=LONG_RUN, device="cpu", params=1000, model_config=ModelConfig(vocab_size=65),
+                 train_config=cfg, start_step=0, train_tokens=1000, val_tokens=100, vocab_size=65))  # fmt: skip
+    for step in range(1, 21):
+        view(Stepped(step=step, loss=4.0, lr=1e-3, tokens_per_s=5000.0, elapsed=step / 10, load=9.0))
+    sample = "ROMEO:\nBut soft, what light through yonder window breaks? " * 6
+    view(Evaluated(step=20, train_loss=4.0, val_loss=4.0, val_bpc=5.8, is_best=True, sample=sample))
+    view.finish(Result(out_dir=LONG_RUN, step=20, stopped="steps", train_seconds=2.0, best_val_loss=4.0,
+                       best_val_bpc=5.8, last_val_loss=4.0, params=1000))  # fmt: skip
+    return strip_ansi(screen.getvalue()), view
+
+
+def commands_in(lines: list[str]) -> list[str]:
+    """The shell commands on a screen, their ' \\' continuation lines joined as a shell reads them."""
+    found, current = [], ""
+    for line in lines:
+        if current or line.startswith("  charlm ") or line.startswith("resume with: charlm"):
+            current += line.strip().removeprefix("resume with: ") if not current else " " + line.strip()
+            if current.endswith(" \\"):
+                current = current[:-2]
+            else:
+                found.append(current)
+                current = ""
+    return found
+
+
+@pytest.mark.parametrize("cols", [60, 120])
+def test_training_prose_wraps_at_spaces_and_commands_break_between_words(cols, tmp_path, monkeypatch):
+    """Found: train's lines were wrapped by the terminal mid-word at every width (`…tinyshakespeare-transf⏎ormer-char`
+    at 120 columns, `Train again w⏎hen`), and at 60 columns the commands meant to be copied broke
+    (`--out checkpoints⏎/tinyshakespeare-lstm-char`); the samples at each evaluation overflowed even 200 columns."""
+    out, _ = training_screen(cols, tmp_path, monkeypatch)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= cols, out  # nothing left for the terminal to wrap
+    words = set(out.split())
+    for word in ["quieter,", "Train", "again", "when", "barely", "started", LONG_RUN]:
+        assert word in words, (word, out)  # each one whole
+    run = LONG_RUN
+    assert commands_in(lines) == [
+        f"charlm train my.txt --out {run} --resume --max-time 10m",
+        f"charlm chat {run}",
+        f'charlm sample {run} --prompt "..."',
+        f"charlm info {run}",
+    ], out
+    preview = [line for line in lines if line.startswith("  ROMEO:")]
+    assert len(preview) == 1 and preview[0].endswith("…"), out  # the evaluation's sample: one line, cut
+
+
+def test_the_resume_command_after_ctrl_c_breaks_between_words(tmp_path):
+    """Found with the above: the resume command printed after Ctrl-C broke mid-path at 60 columns."""
+    from charlm.events import TrainingInterrupted
+    from charlm.views.progress import TrainView
+
+    resume = f"charlm train 'my corpus.txt' --out {LONG_RUN} --resume"
+    for cols in (60, 120):
+        screen = io.StringIO()
+        view = TrainView(Console(file=screen, width=cols, force_terminal=True, soft_wrap=True))
+        view.interrupted(TrainingInterrupted(None, out_dir=LONG_RUN, saved_step=5), resume)
+        lines = strip_ansi(screen.getvalue()).splitlines()
+        assert max(map(len, lines)) <= cols and commands_in(lines) == [resume], lines
+    piped = io.StringIO()  # a log keeps it on one line, as long as it is
+    TrainView(Console(file=piped, width=60, soft_wrap=True)).interrupted(
+        TrainingInterrupted(None, out_dir=LONG_RUN, saved_step=5), resume
+    )
+    assert f"resume with: {resume}\n" in piped.getvalue()
+
+
+def test_plot_writes_training_time_as_every_other_output_does():
+    """Found: one kind of duration was written six ways, `123.805` on plot's time axis among them."""
+    from charlm.views.runs import loss_chart
+
+    for n in (5, 30):  # the measured times as ticks (a few points), or evenly spaced ones
+        points = [
+            {"step": k, "elapsed": 123.805 * k / (n - 1), "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0}
+            for k in range(n)
+        ]
+        chart = loss_chart({"run": points}, x="time", width=70, height=12, color=False)
+        assert "2m04s" in chart and "123.8" not in chart and "training time" in chart, chart
+
+
+def test_a_command_broken_to_fit_reads_back_as_the_same_words():
+    """command_lines breaks only between words: the shell reads the lines (joined at their ' \\') as the words of
+    the command, for paths with spaces, quotes and escapes alike, at every width."""
+    import shlex
+
+    from charlm.views.text import command_lines, shell_quote
+
+    paths = ["checkpoints/run", "my runs/a b", "it's here", "tab\there", "[bold]x", "é/ü 3"]
+    for path in paths:
+        command = f"charlm train {shell_quote(path + '.txt')} --out {shell_quote(path)} --resume --max-time 10m"
+        for width in (20, 40, 60, 200):
+            lines = command_lines(command, width)
+            joined = "\n".join(lines).replace(" \\\n", " ")
+            if "\t" not in path:  # ($'...' is bash's, not shlex's)
+                assert shlex.split(joined) == shlex.split(command), lines
+            assert joined.split() == command.split(), lines  # whole words, in order
+            too_long = [line for line in lines if len(line) > width]  # only a word longer than a line stands alone
+            assert all(len(shlex.split(line.strip().removesuffix(" \\"))) == 1 for line in too_long), lines
+
+
+def test_the_bar_shows_the_final_evaluation_not_the_one_before():
+    """Found: after the final evaluation the progress bar still showed the stale `val 3.874`."""
+    from conftest import tiny_train
+
+    from charlm.config import ModelConfig
+    from charlm.events import Evaluated, Started, Stepped
+    from charlm.views.progress import TrainView
+
+    view = TrainView(Console(file=io.StringIO(), width=120, force_terminal=True))
+    view(Started(out_dir="run", device="cpu", params=1000, model_config=ModelConfig(vocab_size=65),
+                 train_config=tiny_train(50), start_step=0, train_tokens=1000, val_tokens=100, vocab_size=65))  # fmt: skip
+    view(Stepped(step=25, loss=3.9, lr=1e-3, tokens_per_s=5000.0, elapsed=1.0))
+    view(Evaluated(step=25, train_loss=3.9, val_loss=3.874, val_bpc=5.6, is_best=True))
+    view(Stepped(step=50, loss=2.6, lr=1e-3, tokens_per_s=5000.0, elapsed=2.0))
+    view(Evaluated(step=50, train_loss=2.6, val_loss=2.512, val_bpc=3.6, is_best=True))  # the last one: no step after
+    info = view.progress.tasks[view.train_task].fields["info"]
+    view.close()
+    assert "val 2.512" in info and "3.874" not in info, info
+
+
+@pytest.mark.parametrize("cols", [60, 80, 120])
+def test_the_training_bar_leaves_words_out_rather_than_cut_them(cols):
+    """Found with the audit: at 60 columns the live bar read `sam… step 14 · loss 3.982 · val 3.981 (5.74 bpc) ·
+    30,480 …` (its label and the speed cut). Its words now fit the room the bar leaves them: the speed, then the
+    loss left out."""
+    import re
+
+    from charlm.views.progress import TrainView
+
+    for label in ("training", "evaluating"):
+        console = Console(file=io.StringIO(), width=cols, force_terminal=True, color_system=None)
+        view = TrainView(console)
+        view.train_task = view._ensure_progress().add_task(label, total=100, info="", completed=50)
+        view.last_step, view.tps, view.last_val = (1206, 1.479), 10731.0, " · val 1.666 (2.40 bpc)"
+        view.progress.update(view.train_task, info=view._bar_info())
+        view.progress.refresh()
+        view.close()
+        screen = strip_ansi(re.sub(r"\r", "\n", console.file.getvalue()))
+        bar = [line for line in screen.splitlines() if line.strip()][-1]
+        assert "…" not in bar and bar.startswith(label) and "step 1206 · " in bar and "val 1.666 (2.40 bpc)" in bar
+        assert ("10,731 tok/s" in bar) == (cols >= 120) and ("loss 1.479" in bar) == (cols >= 80), bar
+
+
+@pytest.mark.parametrize("cols", [60, 80, 120])
+def test_the_eval_bar_keeps_its_numbers_whole(cols):
+    """Found with the audit: at 60 and 80 columns compare --eval's bar read `eval tinyshakespeare-… tokens ·…`: the
+    counts and the time left were cut. The numbers now stay whole; a long label gives way, with an ellipsis."""
+    import re
+    import time
+
+    from charlm.views.eval import EvalProgress
+
+    for label in ("evaluating", "eval tinyshakespeare-transformer-char"):
+        console = Console(file=io.StringIO(), width=cols, force_terminal=True, color_system=None)
+        bar = EvalProgress(console, label)
+        bar(100, 100_000)
+        time.sleep(0.02)
+        bar(2_000, 100_000)
+        bar.__exit__(None, None, None)
+        screen = strip_ansi(re.sub(r"\r", "\n", console.file.getvalue()))
+        line = [line for line in screen.splitlines() if line.strip()][-1]
+        assert re.search(r"2,000/100,000 tokens · \d+(\.\d)?s left$", line), line
+        assert line.startswith(label) or (cols < 80 and line.startswith(label[:10]) and "…" in line), line

@@ -144,18 +144,22 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     size = min(opts.tokens or max(12, min(OVERVIEW_TOKENS, (width + gap) // H - gap)), width)
     if size < 2:
         raise ConfigError(f"width {width} is too narrow for the overview")
+    first_layer = 0  # on a screen too short for every layer's maps, the first ones are left out (a hint says so)
     if screen.height and not opts.tokens:  # every map on one screen: the largest size that fits, down to 6 tokens
         title = Text(f"attention overview: {L} layers × {H} heads, tokens {len(ids)}..{len(ids)}")
         # the title, the notes as they wrap at this width, the text line, a line above when the text is longer
         # than the context, and the shell's prompt after
         prose = height_of([title, D_NOTE, _extremes(att.stats)], width) + 2 + (1 if offset else 0)
 
-        def tall(k: int) -> int:  # lines the maps of k tokens take, and the prose
+        def tall(k: int, layers: int = L) -> int:  # lines the maps of k tokens take, and the prose
             per_line = max(1, (width + gap) // (max(k, 6) + gap))
-            return -(-L * H // per_line) * (k + 2) + prose
+            return -(-layers * H // per_line) * (k + 2) + prose
 
         most = min(OVERVIEW_MAX, len(ids) - offset)  # a wide, tall terminal: larger maps, up to the text shown
         size = max([k for k in range(6, most + 1) if k <= width and tall(k) <= screen.height] or [6])
+        if tall(size) > screen.height:
+            hint = height_of([_left_out(L - 1, L, ascii)], width)
+            first_layer = L - max([n for n in range(1, L) if tall(size, n) + hint <= screen.height] or [1])
     start, stop = window(offset, len(ids), size, size, opts.end)
     n = stop - start
     tile = max(n, 6)  # room for a title like "L0H1"
@@ -165,7 +169,7 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
     a, b = start - offset, stop - offset
     drawn = np.tril(np.ones((n, n), dtype=bool))
     out = [Text(f"attention overview: {L} layers × {H} heads, tokens {start}..{stop - 1}", style="bold")]
-    maps = [(layer, head) for layer in range(L) for head in range(H)]
+    maps = [(layer, head) for layer in range(first_layer, L) for head in range(H)]
     for first in range(0, len(maps), per_line):
         block = [Text(no_wrap=True, overflow="crop") for _ in range(n + 2)]
         for k, (layer, head) in enumerate(maps[first : first + per_line]):
@@ -191,7 +195,15 @@ def overview_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen) 
         D_NOTE,
     )
     out += [_extremes(att.stats)]
+    if first_layer:
+        out.append(_left_out(first_layer, L, ascii))
     return out
+
+
+def _left_out(first_layer: int, n_layers: int, ascii: bool) -> Text:
+    """The overview's hint when the screen's height holds only its last layers."""
+    which = "layer 0" if first_layer == 1 else f"layers 0..{first_layer - 1}"
+    return Text(f"{which} of {n_layers} left out (no room): | less or a taller terminal shows all", style="yellow")
 
 
 def _extremes(stats: list[HeadStats]) -> Text:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -40,19 +40,24 @@ class EvalProgress:
                 self.before.__exit__(None, None, None)
             self.progress = Progress(
                 TextColumn("{task.description}", markup=False),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("tokens · {task.fields[left]}"),
+                BarColumn(bar_width=None),  # the room the words leave it
+                TextColumn("{task.fields[right]}", markup=False),
                 console=self.console,
                 transient=True,
             )
             self.progress.start()
-            self.task = self.progress.add_task(safe_text(self.label), total=total, left="")
+            self.task = self.progress.add_task("", total=total, right="")
             self.since = (now, done)
         t0, d0 = self.since
         rate = (done - d0) / (now - t0) if done > d0 and now > t0 else None
         left = f"{duration((total - done) / rate)} left" if rate else "measuring speed"
-        self.progress.update(self.task, completed=done, total=total, left=left, refresh=True)
+        # the numbers whole; the label (a run's name) shortened with an ellipsis when the line has no room for it
+        right = f"{done:,}/{total:,} tokens · {left}"
+        if len(right) + 20 > self.console.width:
+            right = f"{done:,}/{total:,} · {left}"
+        label, room = safe_text(self.label), max(4, self.console.width - len(right) - 10)
+        label = label if len(label) <= room else label[: room - 1] + "…"
+        self.progress.update(self.task, completed=done, total=total, right=right, description=label, refresh=True)
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:

@@ -30,11 +30,12 @@ def line_chart(
     ylog: bool = False,
     color: bool = True,
     title: str = "",
+    xformat=None,
 ) -> str:
     """series: name -> (xs, ys). Points that a log axis cannot show (<= 0) and non-finite ones are left out.
     Returns the chart as text, `height` lines of `width` characters; when the legend does not fit inside the
     chart (plotext would drop it without a word: more series than about height - 3), it follows the chart, a
-    few names a line."""
+    few names a line. xformat: how an x tick is written (e.g. views.text.duration), else as a plain number."""
     plt.clf()
     plt.plotsize(width, height)
     plt.theme("clear" if not color else "pro")
@@ -64,9 +65,14 @@ def line_chart(
         plt.xscale("log")
     if ylog:
         plt.yscale("log")
+    label = xformat or _tick_label
     if 1 < len(xs_all) <= 10:  # the measured x values themselves as ticks: the sweep's settings, not 8.4, 14.1
         ticks = sorted(xs_all)
-        plt.xticks(ticks, [_tick_label(t) for t in ticks])
+        plt.xticks(ticks, [label(t) for t in ticks])
+    elif xformat and len(xs_all) > 10 and not xlog:  # a few evenly spaced ticks, written the caller's way
+        lo, hi = min(xs_all), max(xs_all)
+        ticks = [lo + (hi - lo) * k / 4 for k in range(5)]
+        plt.xticks(ticks, [label(t) for t in ticks])
     plt.xlabel(xlabel)
     plt.ylabel(ylabel)
     if title:

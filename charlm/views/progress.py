@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
-from charlm.views.text import duration, safe, safe_text, shell_quote
+from charlm.views.text import command_lines, duration, safe, safe_text, shell_quote
 
 
 class TrainView:
@@ -50,6 +50,16 @@ class TrainView:
         elif isinstance(event, Stopping):
             self._stopping(event)
 
+    def _print(self, *objects, **kw) -> None:
+        """Prose, wrapped at spaces by Rich on a terminal (the terminal would split words); a log line in a pipe
+        or a file stays whole, as long as it is."""
+        self.console.print(*objects, soft_wrap=not self.live, **kw)
+
+    def _command(self, command: str, lead: str = "  ") -> None:
+        """A command to be copied: broken between its words with ' \\' to fit the terminal, never inside one."""
+        for line in command_lines(command, self.console.width if self.live else None, lead=lead):
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
     def _stopping(self, e: Stopping) -> None:
         """A signal asked the run to stop: say so at once (the save may take a moment)."""
         if not e.saving:
@@ -58,7 +68,7 @@ class TrainView:
         line = f"{name}stopping: saving after this batch… Ctrl-C again to quit without saving"
         if self.live and self.train_task is not None:
             self.progress.update(self.train_task, description="stopping")
-        self.console.print(Text(line, style="yellow"))
+        self._print(Text(line, style="yellow"))
 
     def _phase(self, e: Phase) -> None:
         """Name the work between steps on the bar, which would otherwise sit still without a word."""
@@ -69,7 +79,7 @@ class TrainView:
         if self.progress is None:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=None),  # the room the words leave it
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
                 console=self.console,
@@ -99,11 +109,11 @@ class TrainView:
             batch += (
                 f" × {t.grad_accum} accum × {e.world_size} processes = {t.batch_size * t.grad_accum * e.world_size}"
             )
-        self.console.print(
+        self._print(
             f"[bold]charlm train[/] {m.describe()}, {e.params / 1e6:.2f}M params, "
             f"{t.tokenizer} tokenizer ({e.vocab_size} tokens), on {e.device}"
         )
-        self.console.print(
+        self._print(
             Text(
                 f"  data: {e.train_tokens:,} train / {e.val_tokens:,} val tokens · {batch} · "
                 f"lr {t.lr:g} · {budget}{resumed} · saving to "
@@ -122,19 +132,30 @@ class TrainView:
                 info="",
             )
 
-    def _info(self) -> str:
-        """The bar's words: the latest step, its loss, the latest evaluation, the speed."""
+    def _info(self, width: int | None = None) -> str:
+        """The bar's words: the latest step, its loss, the latest evaluation, the speed; within `width` (the
+        room a live bar leaves them), the speed, then the loss left out rather than a number cut."""
         if self.last_step is None:
             return ""
         step, loss = self.last_step
-        return f"step {step} · loss {loss:.3f}{self.last_val} · {self.tps:,.0f} tok/s"
+        val = [self.last_val.removeprefix(" · ")] if self.last_val else []
+        parts = [f"step {step}", f"loss {loss:.3f}", *val, f"{self.tps:,.0f} tok/s"]
+        for drop in ((), (3 if val else 2,), (1, 3 if val else 2)):
+            text = " · ".join(p for k, p in enumerate(parts) if k not in drop)
+            if width is None or len(text) <= width:
+                return text
+        return text
+
+    def _bar_info(self) -> str:
+        """_info on a live bar: the console's width less its label, a short bar and the time left."""
+        return self._info(self.console.width - 28)
 
     def _stepped(self, e: Stepped) -> None:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
         if e.load is not None:
             self.loads.append(e.load)
         self.last_step = (e.step, e.loss)
-        info = self._info()
+        info = self._bar_info() if self.live else self._info()
         if self.live:
             t = self.started.train_config
             done = min(e.elapsed, t.max_time) if t.max_time else e.step
@@ -142,20 +163,21 @@ class TrainView:
                 done = max(done, t.max_time * e.step / t.steps)
             self.progress.update(self.train_task, completed=done, info=info, description="training")
         elif e.step % self.log_every == 0:
-            self.console.print(f"{info} · {duration(e.elapsed)}", highlight=False)
+            self._print(f"{info} · {duration(e.elapsed)}", highlight=False)
 
     def _evaluated(self, e: Evaluated) -> None:
         self.last_val = f" · val {e.val_loss:.3f} ({e.val_bpc:.2f} bpc)"
         if self.live and self.train_task is not None:  # the bar shows this evaluation, not the one before
-            self.progress.update(self.train_task, info=self._info(), description="training")
+            self.progress.update(self.train_task, info=self._bar_info(), description="training")
         best = " [green]best[/]" if e.is_best else ""
-        self.console.print(
+        self._print(
             f"[cyan]eval[/] step {e.step}: train {e.train_loss:.4f} · val {e.val_loss:.4f} · "
             f"{e.val_bpc:.3f} bits/char{best}",
             highlight=False,
         )
-        if e.sample is not None:
-            self.console.print(Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic"))
+        if e.sample is not None:  # a preview: one line, cut to the terminal's width (whole in a log)
+            preview = Text("  ") + Text(safe_text(e.sample.replace("\n", " ⏎ ")), style="dim italic")
+            self._print(preview, **({"no_wrap": True, "overflow": "ellipsis"} if self.live else {}))
 
     def interrupted(self, e: TrainingInterrupted, resume: str | None) -> None:
         """A signal stopped the run: where it got to, what last.pt holds, and the command that continues it."""
@@ -164,19 +186,19 @@ class TrainView:
             name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
             at = f" at step {e.result.step}" if e.result else " before training started"
             if e.out_dir is None or e.saved_step is None:
-                self.console.print(Text.assemble("\n", (name, "yellow"), f"{at}; nothing saved"))
+                self._print(Text.assemble("\n", (name, "yellow"), f"{at}; nothing saved"))
                 return
             last = safe(f"{e.out_dir}/last.pt")
             if e.result and e.saved_step == e.result.step:
-                self.console.print(Text.assemble("\n", (name, "yellow"), f"{at}; saved ", last))
+                self._print(Text.assemble("\n", (name, "yellow"), f"{at}; saved ", last))
             else:
                 unsaved = " without saving" if e.result else ""
-                self.console.print(
+                self._print(
                     Text.assemble("\n", (name, "yellow"), f"{at}{unsaved}; ", last, f" holds step {e.saved_step}")
                 )
             # quoted for the shell, and never read as markup: paths may hold spaces, [brackets] or escapes
             if resume:
-                self.console.print(f"resume with: {resume}", markup=False, highlight=False)
+                self._command(resume, lead="resume with: ")
         except OSError:  # the terminal is gone (SIGHUP): what was saved is saved
             pass
 
@@ -186,7 +208,7 @@ class TrainView:
             title="training done" if result.stopped != "interrupted" else "training interrupted", show_header=False
         )
         table.add_column(style="bold")
-        table.add_column()
+        table.add_column(overflow="fold")  # a path is folded, never cut with an ellipsis
         why = {"steps": "reached --steps", "time": "--max-time ran out", "until": "paused", "interrupted": "Ctrl-C"}
         table.add_row("steps", f"{result.step} ({why[result.stopped]})")
         table.add_row("time", self._time(result))
@@ -197,29 +219,24 @@ class TrainView:
                 "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
             )
         table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
-        self.console.print(table)
+        self._print(table)
         if busy := self._busy() or self._slow(result):
-            self.console.print(Text(busy, style="yellow"))
+            self._print(Text(busy, style="yellow"))
         if result.sample:
-            self.console.print("[bold]sample:[/]")
-            self.console.print(Text(safe_text(result.sample), style="italic"))
+            self._print("[bold]sample:[/]")
+            self._print(Text(safe_text(result.sample), style="italic"))
         run = shell_quote(result.out_dir)  # printed to be copied into a shell, never read as markup
         if self._barely_learned(result):
             uniform = math.log(self.started.vocab_size)
-            self.console.print(
+            self._print(
                 f"\n[bold yellow]train longer:[/] val loss {result.best_val_loss:.2f} nats/token is still "
                 f"{result.best_val_loss / uniform:.0%} of a uniform guess among {self.started.vocab_size} tokens "
                 f"({uniform:.2f}): the model has barely started to learn. Continue it with a larger total time:"
             )
-            self.console.print(
-                f"  charlm train {shell_quote(self.corpus)} --out {run} --resume --max-time 10m",
-                markup=False,
-                highlight=False,
-            )
-        self.console.print("\n[bold]try next:[/]")
-        self.console.print(f"  charlm chat {run}", markup=False, highlight=False)
-        self.console.print(f'  charlm sample {run} --prompt "..."', markup=False, highlight=False)
-        self.console.print(f"  charlm info {run}", markup=False, highlight=False)
+            self._command(f"charlm train {shell_quote(self.corpus)} --out {run} --resume --max-time 10m")
+        self._print("\n[bold]try next:[/]")
+        for command in (f"charlm chat {run}", f'charlm sample {run} --prompt "..."', f"charlm info {run}"):
+            self._command(command)
 
     def _busy(self) -> str:
         """A word on a CPU that other programs kept busy: training then does fewer steps than the machine

@@ -105,8 +105,9 @@ def loss_chart(
         width=width,
         height=height,
         color=color,
-        xlabel="step" if x == "step" else "seconds of training",
+        xlabel="step" if x == "step" else "training time",
         ylabel="loss (nats/token)" if y == "loss" else "bits/char",
+        xformat=None if x == "step" else duration,  # '2m04s', as every other output writes a time
     )
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import unicodedata
 from contextlib import contextmanager
 from typing import NoReturn
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
@@ -52,6 +54,40 @@ def shell_quote(text: object) -> str:
         _visible(ch) if ch not in "\\'\n\t" else {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t"}[ch] for ch in text
     )
     return "$'" + "".join(escaped) + "'"
+
+
+# one word of a shell command: quoted pieces (which may hold spaces) and other characters, up to a space
+_SHELL_WORD = re.compile(r"""(?:\$'(?:\\.|[^'\\])*'|'[^']*'|"(?:\\.|[^"\\])*"|[^\s'"$]|\$)+""")
+
+
+def command_lines(command: str, width: int | None, indent: str = "  ", lead: str | None = None) -> list[str]:
+    """A command to be copied into a shell (its words quoted already), as lines that fit `width`, the first after
+    `lead` (default: the indent): broken only between words, a flag kept with its value, each broken line ending
+    in ' \\' so the lines paste as one command. A word longer than a line stands alone on its own (the terminal
+    folds it; nothing splits it)."""
+    lead = indent if lead is None else lead
+    words = _SHELL_WORD.findall(command)
+    if width is None or cell_len(lead + command) <= width:
+        return [lead + command]
+    more = indent + "  "
+    units: list[list[str]] = []
+    for word in words:  # "--out PATH" stays together...
+        if units and len(units[-1]) == 1 and units[-1][0].startswith("-") and not word.startswith("-"):
+            units[-1].append(word)
+        else:
+            units.append([word])
+    # ...unless the two do not fit one line together
+    pieces = []
+    for unit in units:
+        pieces += [" ".join(unit)] if cell_len(more + " ".join(unit)) + 2 <= width else unit
+    lines, line = [], lead + pieces[0]
+    for piece in pieces[1:]:
+        if cell_len(line + " " + piece) + 2 <= width:  # room for the piece and a ' \\' after it
+            line += " " + piece
+        else:
+            lines.append(line + " \\")
+            line = more + piece
+    return [*lines, line]
 
 
 def duration(seconds: float) -> str:
