@@ -32,7 +32,7 @@ MIN_COLUMN = 40  # narrower than this per model, the panels are stacked instead
 FPS = 20  # at most this many screen refreshes per second while streaming
 # Timings are starred only beyond their noise. A rate (tok/s, chars/s): when its slowest quarter of the run
 # beats every other model's fastest quarter. TTFT is one measurement per model, of a millisecond or so that a
-# busy CPU can stretch tenfold: only when half of every other's.
+# busy CPU can stretch tenfold: only when at most half of every other's.
 
 
 def human(n: float) -> str:
@@ -242,7 +242,7 @@ class CompareView:
         mark = "marked *" if not self.console.is_terminal else "in green"
         lines.append(
             f"best of each column {mark}; timings only beyond their noise: a rate when its slowest quarter "
-            "of the run beats every other's fastest, TTFT when half of every other's"
+            "of the run beats every other's fastest, TTFT when at most half of every other's"
         )
         return lines
 
