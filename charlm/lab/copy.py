@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from charlm.lab import tasks
-from charlm.lab.result import Chart, Clock, LabResult, params, pct, per_seed, seeds_of, span
+from charlm.lab.result import Chart, Clock, LabResult, params, pct, per_seed, positions_label, seeds_of, span
 from charlm.lab.sweep import sweep
 from charlm.lab.training import load_run
 from charlm.models.probes import capture_attention
@@ -156,7 +156,7 @@ def reading(records: list[dict], details: dict, s: dict, seeds: list[int]) -> st
         f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; each model learned every N from "
         f"{lo} to {hi} at once.",
         family_reading(
-            f"The Transformer ({params(by['transformer'])} parameters, {s['positions']} positions)",
+            f"The Transformer ({params(by['transformer'])} parameters, {positions_label(s['positions'])} positions)",
             by["transformer"],
             "transformer",
             s,

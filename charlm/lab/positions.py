@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from charlm.config import POSITIONS, ModelConfig
-from charlm.lab.result import Chart, Clock, LabResult, record, seeds_of
+from charlm.lab.result import Chart, Clock, LabResult, positions_label, record, seeds_of
 from charlm.lab.scoring import scored
 from charlm.lab.tasks import Example, TaskText
 from charlm.lab.training import PYTORCH_INIT, lab_train_config, lab_trainer
@@ -344,10 +344,6 @@ def _summary(raws: list[dict], s: dict) -> list[dict]:
     return out
 
 
-def _label(p: str) -> str:
-    return {"rope": "RoPE", "alibi": "ALiBi", "nope": "NoPE"}.get(p, p.capitalize())
-
-
 WHY = {  # one sentence each: the mechanism the numbers beside it point to
     "rope": "its scores depend on the distance between two tokens, and a longer line puts the symbol to copy "
     "farther back than any distance it learned to read",
@@ -388,7 +384,7 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
     missing = [p for p in POSITIONS if _worst(at[(p, first)]) > PLATEAU]
     if missing:
         parts.append(
-            f"{', '.join(map(_label, missing))} did not end on the plateau in every seed with this budget: "
+            f"{', '.join(map(positions_label, missing))} did not end on the plateau in every seed with this budget: "
             "its figures beyond the training lengths say less."
         )
     for p in POSITIONS:
@@ -399,7 +395,7 @@ def reading(records: list[dict], summary: list[dict], s: dict) -> str:
 def _extrapolation(p: str, at: dict, s: dict) -> str:
     C, hi = s["context"], s["lengths"][1]
     if at[(p, f"copy N={s['longer'][0]}")]["bits"] is None:
-        return f"{_label(p)} cannot run past {C} tokens: {WHY[p]}."
+        return f"{positions_label(p)} cannot run past {C} tokens: {WHY[p]}."
     far = hi  # the longest N copied within PLATEAU in every seed, every shorter one tried too
     for n in s["longer"]:
         if _worst(at[(p, f"copy N={n}")]) > PLATEAU:
@@ -413,4 +409,4 @@ def _extrapolation(p: str, at: dict, s: dict) -> str:
         if far > hi
         else f"copies no longer line within {PLATEAU} bits"
     )
-    return f"{_label(p)} {how} ({copy} bits per copied symbol); on text, {text} bits/char against {C} tokens: {WHY[p]}."
+    return f"{positions_label(p)} {how} ({copy} bits per copied symbol); on text, {text} bits/char against {C} tokens: {WHY[p]}."

@@ -92,3 +92,8 @@ def span(values: list[float]) -> str:
 
 def record(**kw) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in kw.items()}
+
+
+def positions_label(p: str) -> str:
+    """A position encoding's name as a reading writes it: RoPE, ALiBi, NoPE, Learned, Sinusoidal."""
+    return {"rope": "RoPE", "alibi": "ALiBi", "nope": "NoPE"}.get(p, p.capitalize())
