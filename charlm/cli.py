@@ -1,7 +1,10 @@
 """The command line: Click commands that map flags to configs (each option generated from its config field),
 call one function of charlm.commands, and draw what it returns with charlm.views. Every user error is one
 line on stderr and a non-zero exit, never a traceback (set CHARLM_DEBUG=1 to see one). Nothing here imports
-torch at the top: --help, argument errors and the commands that only read files start in a blink."""
+torch at the top: --help, argument errors and the commands that only read files start in a blink.
+
+Over ~450 lines on purpose: one Click command per charlm command, each a few lines, read best
+side by side; the flags themselves come from the configs (flags.py), the work from charlm.commands."""
 
 from __future__ import annotations
 

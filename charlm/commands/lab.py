@@ -13,7 +13,7 @@ WHY = ("transformer_run", "lstm_run", "copy_head", "example")  # the details tha
 
 @dataclass
 class LabRun:
-    result: object  # lab.common.LabResult
+    result: object  # lab.result.LabResult
     views: tuple | None = None  # ((tokenizer, Attention), (tokenizer, Gates)): commands.look.copy_views
 
 
