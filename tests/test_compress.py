@@ -220,8 +220,14 @@ def test_bad_compress_flags_are_one_line_errors(view_runs, compressed, tmp_path)
     one_line_error(cli("compress", view_runs["tf"]), "give --to DIR")
     one_line_error(cli("compress", view_runs["tf"], "--report", "--to", tmp_path / "y"), "--report measures")
     one_line_error(cli("compress", view_runs["tf"], "--to", tmp_path / "z", "--drop-heads", "2"), "below the 2 heads")
-    one_line_error(cli("compress", view_runs["lstm"], "--to", tmp_path / "w", "--drop-heads", "1"), "no heads")
-    one_line_error(cli("compress", view_runs["tf"], "--to", tmp_path / "v", "--drop-units", "1"), "no units")
+    one_line_error(
+        cli("compress", view_runs["lstm"], "--to", tmp_path / "w", "--drop-heads", "1"),
+        "is a lstm model, which has no heads; use --drop-units",
+    )
+    one_line_error(
+        cli("compress", view_runs["tf"], "--to", tmp_path / "v", "--drop-units", "1"),
+        "is a transformer model, which has no units; use --drop-heads",
+    )
     one_line_error(cli("compress", view_runs["tf"], "--to", compressed["tf"]), "already holds a run")
     one_line_error(
         cli("compress", view_runs["tf"], "--to", tmp_path / "u", "--text", tmp_path / "none.txt"), "no such file"

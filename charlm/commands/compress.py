@@ -82,21 +82,20 @@ class _Session:
         random choice, the baseline that says what measuring importance buys."""
         cfg, state, dropped, what = self.cfg, self.state, [], {}
         shuffled = np.random.default_rng(0).random
+        can = self.ck.model.capabilities
         if heads:
-            if "attention" not in self.ck.model.capabilities:
-                raise ConfigError(
-                    f"--drop-heads: {self.ck.path} is an {cfg.kind}, which has no heads; use --drop-units"
-                )
+            if "attention" not in can:
+                other = "; use --drop-units" if "gates" in can else ""
+                raise ConfigError(f"--drop-heads: {self.ck.path} is a {cfg.kind} model, which has no heads{other}")
             if self._heads is None:
                 self._heads = head_importance(self.ck.model, self.probe)
             ranking = shuffled(self._heads.shape) if chance else self._heads
             cfg, state, dropped = drop_heads(cfg, state, ranking, heads)
             what = {"heads_dropped": heads, "dropped": [list(d) for d in dropped]}
         if units:
-            if "gates" not in self.ck.model.capabilities:
-                raise ConfigError(
-                    f"--drop-units: {self.ck.path} is a transformer, which has no units; use --drop-heads"
-                )
+            if "gates" not in can:
+                other = "; use --drop-heads" if "attention" in can else ""
+                raise ConfigError(f"--drop-units: {self.ck.path} is a {cfg.kind} model, which has no units{other}")
             if self._units is None:
                 self._units = unit_importance(self.ck.model, self.probe)
             ranking = shuffled(self._units.shape) if chance else self._units
