@@ -1,16 +1,20 @@
-"""Checkpoints: one self-contained file holding weights, configs, tokenizer (as JSON), training state
-and metrics. Written atomically (temp file + rename); never executes code from the file when reading it.
+"""Checkpoints: one self-contained safetensors file holding weights, configs, tokenizer (as JSON), training
+state and metrics (the layout: safetensors_file.py). Written atomically (temp file + rename); never executes
+code from the file when reading it.
 
 Reading has three depths, all checked the same way:
   read_header(path)  what the file says of itself, without torch (charlm info, charlm runs)
-  read(path)         and its tensors (a resumed run), via torch.load(weights_only=True)
+  read(path)         and its tensors (a resumed run), via the safetensors library (memory-mapped)
   load(path)         and a ready model (every command that runs one)
 The weights' shapes are checked against the config on the header, before any tensor is allocated.
+Checkpoints of charlm before safetensors (best.pt, last.pt: torch.save's zip archives) are still read, by
+safe_pickle.py and torch.load(weights_only=True), for every command but a resume (see docs/train.md).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import zipfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from charlm import files
+from charlm import files, safetensors_file
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.models import build_model, param_shapes
@@ -32,28 +36,34 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT = "charlm-checkpoint"
-VERSION = 2  # 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
+VERSION = 3  # 3: safetensors; 2: "no evaluation yet" is None (v1 wrote float("inf")); v1 files are converted on read
+BEST, LAST = "best.safetensors", "last.safetensors"  # a run directory's checkpoints: its best, and where it got to
+OLD_BEST, OLD_LAST = "best.pt", "last.pt"  # the same, as charlm wrote them before safetensors (read, never written)
 
 
 def save(saved: Saved | dict, path: str | Path) -> None:
     """Write a checkpoint to path atomically: readers see the old file or the new one, never half of one.
     A full disk is a files.WriteError naming the directory; the file already at path stays as it was."""
-    import torch
-
     payload = saved.to_payload() if isinstance(saved, Saved) else saved
-    files.atomic_write(path, lambda f: torch.save(payload, f), parents=True)
+    data = safetensors_file.to_bytes(payload)
+    files.atomic_write(path, lambda f: f.write(data), parents=True)
+
+
+def last_of(run: Path) -> Path | None:
+    """A run directory's last checkpoint (LAST, else an older charlm's OLD_LAST); None: it has none."""
+    return next((run / n for n in (LAST, OLD_LAST) if os.path.lexists(run / n)), None)
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
+    """A checkpoint file, or a run directory (its best, else its last; an older charlm's best.pt, last.pt after)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"no such checkpoint: {p}")
     if p.is_dir():
-        for name in ("best.pt", "last.pt"):
+        for name in (BEST, LAST, OLD_BEST, OLD_LAST):
             if (p / name).is_file():
                 return p / name
-        raise CheckpointError(f"{p} holds no checkpoint (best.pt or last.pt): train one with 'charlm train'")
+        raise CheckpointError(f"{p} holds no checkpoint ({BEST} or {LAST}): train one with 'charlm train'")
     if not p.is_file():  # a FIFO or a device: opening it could wait for ever
         raise CheckpointError(f"{p} is not a regular file: give a checkpoint file or a run directory")
     return p
@@ -274,13 +284,14 @@ def _from_v1(data: dict) -> dict:
 
 @contextmanager
 def _hint_last(p: Path):
-    """A damaged best.pt beside a last.pt: say that last.pt is there (it is often intact), not only "train again"."""
+    """A damaged best beside a last: say that the last is there (it is often intact), not only "train again"."""
     try:
         yield
     except CheckpointError as e:
-        if p.name != "best.pt" or not (p.parent / "last.pt").is_file():
+        last = p.parent / {BEST: LAST, OLD_BEST: OLD_LAST}.get(p.name, "")
+        if p.name not in (BEST, OLD_BEST) or not last.is_file():
             raise
-        raise CheckpointError(f"{e}; {p.parent / 'last.pt'} may be intact: use it, or move best.pt away") from None
+        raise CheckpointError(f"{e}; {last} may be intact: use it, or move {p.name} away") from None
 
 
 def read_header(path: str | Path) -> Saved:
@@ -292,11 +303,43 @@ def read_header(path: str | Path) -> Saved:
 
 
 def _read_header(p: Path) -> Saved:
-    with open_archive(p) as z:
-        saved = _typed(p, read_pickle(p, z))
-        _check_weights(saved, p, z)
+    return _header(p)[0]
+
+
+def _header(p: Path) -> tuple[Saved, safetensors_file.Header | None]:
+    """The file's contents with TensorInfo for its tensors, every check done (the weights' values read by
+    numpy); and its safetensors header (None: an older charlm's .pt)."""
+    if not _is_safetensors(p):
+        with open_archive(p) as z:
+            saved = _typed(p, read_pickle(p, z))
+            _check_weights(saved, p, _zip_values(p, z))
+        _tokenizer(saved, p)
+        return saved, None
+    header = safetensors_file.Header(p)
+    saved = _typed(p, header.payload(), written_by="a safetensors file written by something else")
+    _check_weights(saved, p, header.read_values)
     _tokenizer(saved, p)
-    return saved
+    return saved, header
+
+
+def _is_safetensors(p: Path) -> bool:
+    try:
+        return safetensors_file.is_safetensors(p)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
+
+
+def _zip_values(p: Path, z: zipfile.ZipFile):
+    """The stored bytes of a TensorInfo of an older charlm's .pt."""
+    prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
+
+    def values(t: TensorInfo) -> bytes:
+        try:
+            return z.read(f"{prefix}data/{t.key}")
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({last_words(e)})") from None
+
+    return values
 
 
 def read(path: str | Path, map_location="cpu") -> Saved:
@@ -309,12 +352,14 @@ def read(path: str | Path, map_location="cpu") -> Saved:
 
 def _checked(p: Path, map_location) -> tuple[Saved, object]:
     """(the contents, the tokenizer), after every check that needs no model. The weights' shapes are checked
-    against the config on the header, before torch.load allocates anything for them."""
-    with open_archive(p) as z:
-        header = _typed(p, read_pickle(p, z))
-        _check_weights(header, p, z)
+    against the config on the header, before safetensors (or torch.load) allocates anything for them."""
+    header, st = _header(p)
     tokenizer = _tokenizer(header, p)
-    data = load_tensors(p, map_location)
+    if st is not None:
+        tensors = safetensors_file.load_tensors(p, st, str(map_location))
+        data = {k: safetensors_file.with_tensors(getattr(header, k), tensors) for k in TENSOR_FIELDS}
+    else:
+        data = load_tensors(p, map_location)
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise CheckpointError(f"{p} is not a readable charlm checkpoint (its tensors do not match its header)")
     saved = replace(header, **{k: data.get(k) for k in TENSOR_FIELDS})
@@ -345,7 +390,7 @@ def _tokenizer(saved: Saved, p: Path):
     return tokenizer
 
 
-def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
+def _check_weights(saved: Saved, p: Path, read_values) -> None:
     """The stored tensors must be exactly what the config describes (models.param_shapes, by arithmetic),
     each holding its own values (the model loaded later is never larger than the file, so a crafted config
     cannot make charlm allocate), and those values must be finite numbers."""
@@ -366,7 +411,7 @@ def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
         raise CheckpointError(f"{bad}: {what})")
     for name, want in expected.items():
         if name in quantized:
-            check_quantized(quantized[name], p, z, name, want, bad)
+            check_quantized(quantized[name], p, read_values, name, want, bad)
             continue
         t = saved.model[name]
         if not isinstance(t, TensorInfo):
@@ -377,11 +422,10 @@ def _check_weights(saved: Saved, p: Path, z: zipfile.ZipFile) -> None:
             raise CheckpointError(f"{bad}: {name} does not hold its {math.prod(t.shape):,} values)")
         if t.dtype not in FLOATS:
             raise CheckpointError(f"{bad}: {name} holds {t.dtype[: -len('Storage')].lower()} values, not floats)")
-    prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
     for name, t in saved.model.items():  # numpy on the stored bytes: no torch, no copy of the model
         try:
-            values = np.frombuffer(z.read(f"{prefix}data/{t.key}"), dtype=FLOATS[t.dtype])
-        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+            values = np.frombuffer(read_values(t), dtype=FLOATS[t.dtype])
+        except ValueError as e:
             raise CheckpointError(f"{p} is not a readable charlm checkpoint ({last_words(e)})") from None
         if values.size != t.storage_numel:
             raise CheckpointError(f"{p} is not a readable charlm checkpoint ({name}'s values are not all there)")
@@ -399,9 +443,9 @@ FLOATS = {"FloatStorage": "<f4", "DoubleStorage": "<f8", "HalfStorage": "<f2", "
 NONFINITE = "{tensor} has NaN or infinite values"  # on load, and when training makes such weights
 
 
-def _typed(p: Path, data: object) -> Saved:
+def _typed(p: Path, data: object, written_by: str = "a PyTorch file written by something else") -> Saved:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{p} is not a charlm checkpoint (a PyTorch file written by something else)")
+        raise CheckpointError(f"{p} is not a charlm checkpoint ({written_by})")
     version = data.get("version")
     if not isinstance(version, int) or version < 1:
         raise CheckpointError(f"{p} is not a charlm checkpoint (no format version)")

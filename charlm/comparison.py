@@ -84,10 +84,12 @@ class Comparison:
             Contestant(c, Streamer(c.model, c.tokenizer), params=c.saved.params or count_params(c.model)) for c in ckpts
         ]
         names = [p.ckpt.name for p in self.players]
-        for p in self.players:  # best.pt and last.pt of one run: "run (best.pt)", "run (last.pt)"
+        for p in (
+            self.players
+        ):  # best.safetensors and last.safetensors of one run: "run (best.safetensors)", "run (last.safetensors)"
             p.label = p.ckpt.name if names.count(p.ckpt.name) == 1 else f"{p.ckpt.name} ({p.ckpt.path.name})"
         labels = [p.label for p in self.players]
-        for p in self.players:  # the same file twice, or two best.pt of runs of one name: the paths
+        for p in self.players:  # the same file twice, or two best.safetensors of runs of one name: the paths
             if labels.count(p.label) > 1:
                 p.label = str(p.ckpt.path)
         self.settings = settings

@@ -84,7 +84,7 @@ class Result:
 
 class TrainingInterrupted(Exception):
     """Ctrl-C, SIGTERM or SIGHUP stopped the run. signum: the signal that stopped it; result: where training
-    got to (None: stopped in set-up); saved_step: the step out_dir/last.pt holds (None: there is none), which
+    got to (None: stopped in set-up); saved_step: the step out_dir/last.safetensors holds (None: there is none), which
     is result.step unless a second signal quit without saving."""
 
     def __init__(

@@ -17,13 +17,12 @@ every value stored, every scale a finite number in [0, MAX_SCALE[bits]].
 from __future__ import annotations
 
 import math
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from charlm.errors import CheckpointError
-from charlm.safe_pickle import STORAGES, TensorInfo, last_words
+from charlm.safe_pickle import STORAGES, TensorInfo
 
 INT4_GROUP = 32
 QMAX = {8: 127, 4: 7}  # symmetric: q in [-QMAX, QMAX]
@@ -65,9 +64,9 @@ def quantize(w: np.ndarray, bits: int) -> dict:
     return {"bits": 4, "values": codes[:, 0::2] | (codes[:, 1::2] << 4), "scales": scales}
 
 
-def check_quantized(e: dict, p: Path, z: zipfile.ZipFile, name: str, want: tuple, bad: str) -> None:
+def check_quantized(e: dict, p: Path, read_values, name: str, want: tuple, bad: str) -> None:
     """One entry e of Saved.quantized (`name`'s) against the matrix `want` the config needs, on the header's
-    TensorInfo and the scales' stored bytes (numpy, no torch)."""
+    TensorInfo and the stored bytes (read_values(TensorInfo) -> bytes; numpy, no torch)."""
     if not (
         isinstance(e, dict)
         and e.keys() == {"bits", "values", "scales"}
@@ -77,6 +76,7 @@ def check_quantized(e: dict, p: Path, z: zipfile.ZipFile, name: str, want: tuple
     ):
         raise CheckpointError(f"{bad}: {name} is not a quantized matrix (bits 8 or 4, values, scales))")
     bits = e["bits"]
+    stored = {}
     for part, shape, dtype in zip(("values", "scales"), quantized_shapes(bits, *want), _QUANT_DTYPES[bits]):
         t = e[part]
         if not isinstance(t, TensorInfo) or t.dtype != dtype:
@@ -86,15 +86,10 @@ def check_quantized(e: dict, p: Path, z: zipfile.ZipFile, name: str, want: tuple
             raise CheckpointError(f"{bad}: {name}'s int{bits} {part} are {t.shape}, its shape {want} needs {shape})")
         if not t.holds_its_values():
             raise CheckpointError(f"{bad}: {name}'s {part} do not hold their {math.prod(t.shape):,} values)")
-        prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
-        try:
-            stored = z.getinfo(f"{prefix}data/{t.key}").file_size
-        except KeyError as e:
-            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({last_words(e)})") from None
-        if stored != t.storage_numel * STORAGES[dtype]:
+        stored[part] = read_values(t)
+        if len(stored[part]) != t.storage_numel * STORAGES[dtype]:
             raise CheckpointError(f"{p} is not a readable charlm checkpoint ({name}'s {part} are not all there)")
-    t = e["scales"]
-    scales = np.frombuffer(z.read(f"{prefix}data/{t.key}"), dtype="<f4" if bits == 8 else "<f2")
+    scales = np.frombuffer(stored["scales"], dtype="<f4" if bits == 8 else "<f2")
     if not (np.isfinite(scales).all() and (scales >= 0).all() and (scales <= MAX_SCALE[bits]).all()):
         raise CheckpointError(
             f"{p} holds damaged weights: {name}'s int{bits} scales should be finite numbers between 0 and "
@@ -103,7 +98,7 @@ def check_quantized(e: dict, p: Path, z: zipfile.ZipFile, name: str, want: tuple
 
 
 def dequantized(p: Path, header: dict, loaded: dict, shapes: dict) -> dict:
-    """The float32 matrices of Saved.quantized, after checking that torch.load read what the header described."""
+    """The float32 matrices of Saved.quantized, after checking that what was loaded is what the header described."""
     import torch
 
     out = {}

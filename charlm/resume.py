@@ -1,8 +1,8 @@
-"""Continuing a run: what it continues from, read and decided once (resume_run: last.pt read and checked, the
+"""Continuing a run: what it continues from, read and decided once (resume_run: last.safetensors read and checked, the
 one resume rule of runs.py applied, the corpus checked to be the run's), and putting that state back into a
 fresh trainer (restore_state: weights, optimizer, random states; best_so_far; drop_metrics_beyond). commands.train
 decides before any work and hands the Resumed to the Trainer; a Trainer made with resume=True decides itself.
-A state that does not fit this model and machine (a crafted or damaged last.pt) is a CheckpointError that
+A state that does not fit this model and machine (a crafted or damaged last.safetensors) is a CheckpointError that
 names the file.
 """
 
@@ -26,10 +26,10 @@ from charlm.settings import shown
 
 @dataclass(frozen=True)
 class Resumed:
-    """A run to continue: its last.pt, read and checked, and the configs it goes on with (the saved ones, with
+    """A run to continue: its last.safetensors, read and checked, and the configs it goes on with (the saved ones, with
     what the resume rule let change)."""
 
-    path: Path  # out/last.pt
+    path: Path  # out/last.safetensors
     saved: Saved
     model_cfg: ModelConfig
     train_cfg: TrainConfig
@@ -43,11 +43,16 @@ def resume_run(
     world_size: int = 1,
     given: set[str] | None = None,
 ) -> Resumed:
-    """The run in out to continue with these settings: last.pt read (tensors and all) and checked to hold a
+    """The run in out to continue with these settings: last.safetensors read (tensors and all) and checked to hold a
     training state, the resume rule applied (runs.resume_configs; given: the settings the user typed, None:
     every field), and the corpus checked by its hash (another text would fail later with a less helpful
     message; the trainer passes the same hash on, so the corpus is read for hashing once)."""
-    path = Path(out) / "last.pt"
+    path = Path(out) / checkpoint.LAST
+    if not path.exists() and (old := Path(out) / checkpoint.OLD_LAST).exists():
+        raise CheckpointError(
+            f"{old} was written by an earlier charlm (before safetensors): it can still be sampled, evaluated and "
+            "compressed, but not resumed; train a new run with another --out"
+        )
     saved = checkpoint.read(path)
     saved.require_training_state(path)
     model_cfg, train_cfg = runs.resume_configs(Path(out), saved, model_cfg, train_cfg, world_size, given)
@@ -77,18 +82,18 @@ def restore_state(resumed: Resumed, model, optimizer, data_gen: torch.Generator,
 
 
 def best_so_far(resumed: Resumed) -> tuple[float | None, float | None]:
-    """(the best validation loss, its bits per character) of the run: last.pt's, or those of a best.pt written
-    after it (a kill fell between the two: see charlm.train's docstring). A best.pt of another run is refused:
+    """(the best validation loss, its bits per character) of the run: last.safetensors's, or those of a best.safetensors written
+    after it (a kill fell between the two: see charlm.train's docstring). A best.safetensors of another run is refused:
     it would be kept as the run's best, and `charlm sample` of the run would use it."""
     path, saved = resumed.path, resumed.saved
     best_loss, best_bpc = saved.best_val_loss, saved.best_val_bpc
-    best = path.parent / "best.pt"
+    best = path.parent / checkpoint.BEST
     if not best.exists():
         return best_loss, best_bpc
     try:
         other = checkpoint.read_header(best)
-    except CheckpointError as e:  # (its message says last.pt is there: move best.pt away)
-        raise CheckpointError(f"{e}, then resume (the next evaluation writes a new best.pt)") from None
+    except CheckpointError as e:  # (its message says last.safetensors is there: move best.safetensors away)
+        raise CheckpointError(f"{e}, then resume (the next evaluation writes a new best.safetensors)") from None
     if (other.model_config, other.tokenizer, other.corpus and other.corpus.sha256) != (
         saved.model_config,
         saved.tokenizer,
@@ -105,10 +110,10 @@ def best_so_far(resumed: Resumed) -> tuple[float | None, float | None]:
 
 
 def drop_metrics_beyond(out_dir: Path, step: int) -> None:
-    """metrics.jsonl as last.pt, the commit record, knows it: the lines of later steps, which a process
-    killed before it wrote last.pt left, go (the run writes them again); every other line stays as it is
+    """metrics.jsonl as last.safetensors, the commit record, knows it: the lines of later steps, which a process
+    killed before it wrote last.safetensors left, go (the run writes them again); every other line stays as it is
     (plot skips what is not an evaluation). Read a line at a time: the file may be large. (A new run: step 0
-    drops them all, the log of a run killed before its first last.pt.)"""
+    drops them all, the log of a run killed before its first last.safetensors.)"""
     log = out_dir / "metrics.jsonl"
     if not os.path.lexists(log):
         return

@@ -27,19 +27,23 @@ def _base(corpus: str, kind: str, tokenizer: str) -> str:
 
 def default_out(corpus: str, kind: str, tokenizer: str) -> Path:
     """checkpoints/<corpus>-<model>-<tokenizer>, numbered when that name is taken."""
+    from charlm.checkpoint import last_of  # (lazy: what the CLI imports to start stays small)
+
     base = RUNS / _base(corpus, kind, tokenizer)
     out, n = base, 2
-    while (out / "last.pt").exists():
+    while last_of(out):
         out, n = base.with_name(f"{base.name}-{n}"), n + 1
     return out
 
 
 def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
+    from charlm.checkpoint import LAST, last_of
+
     base = _base(corpus, kind, tokenizer)
-    runs = [p for p in RUNS.glob(f"{base}*") if (p / "last.pt").exists()]
+    runs = [p for p in RUNS.glob(f"{base}*") if last_of(p)]
     if not runs:
-        raise ConfigError(f"--resume found no run {RUNS}/{base}*/last.pt: name the run with --out DIR")
-    return max(runs, key=lambda p: (p / "last.pt").stat().st_mtime)
+        raise ConfigError(f"--resume found no run {RUNS}/{base}*/{LAST}: name the run with --out DIR")
+    return max(runs, key=lambda p: last_of(p).lstat().st_mtime)
 
 
 def check_writable(out: Path) -> None:
@@ -171,7 +175,7 @@ def resume_configs(
     """The configs a resumed run continues with: the saved ones, with the settings the user gave applied
     where the field says it may change (resumable), and a one-line error where it may not.
 
-    saved: the checkpoint.Saved of out/last.pt. given: the field names the user set (a --preset counts
+    saved: the checkpoint.Saved of its last checkpoint. given: the field names the user set (a --preset counts
     as setting every size it holds, "preset:<field>"; model fields are "model.<field>"); None means every
     field of the configs passed in (a caller that builds configs in code, as the Trainer's own check does)."""
     check_world_size(out, saved.world_size, world_size)
@@ -230,17 +234,23 @@ def resume_configs(
 
 def find_runs(root: Path = RUNS) -> list[Path]:
     """The run directories in root (root itself when it is one), newest checkpoint first."""
-    found = [root] if (root / "last.pt").is_file() else [p.parent for p in root.glob("*/last.pt")]
-    return sorted(found, key=lambda p: (p / "last.pt").stat().st_mtime, reverse=True)
+    from charlm.checkpoint import LAST, OLD_LAST, last_of
+
+    if any((root / n).is_file() for n in (LAST, OLD_LAST)):
+        found = [root]
+    else:
+        found = sorted({p.parent for n in (LAST, OLD_LAST) for p in root.glob(f"*/{n}") if p.is_file()})
+    return sorted(found, key=lambda p: last_of(p).stat().st_mtime, reverse=True)
 
 
 def describe(run: Path) -> dict:
-    """What `charlm runs` shows of one run, read from its last.pt (plain values: a table row or JSON)."""
+    """What `charlm runs` shows of one run, read from its last checkpoint (plain values: a table row or JSON)."""
     from charlm import checkpoint  # runs.py sits below checkpoint for resume.py's sake; only listing needs it
 
-    row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
+    last = checkpoint.last_of(run)
+    row = {"run": run.name, "path": str(run), "modified": last.stat().st_mtime}
     try:
-        saved = checkpoint.read_header(run / "last.pt")
+        saved = checkpoint.read_header(last)
     except CheckpointError as e:
         return {**row, "error": str(e)}
     return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run

@@ -7,9 +7,9 @@ same loop and takes part in every collective, rank 0 writes.
 The trainer never prints. It reports what happens as events (events.py) to a callback; the CLI renders them.
 
 Nothing is lost to an interruption: Ctrl-C and SIGTERM stop the run at a step boundary, saved (stopping.py); a
-second signal cannot cut a save short; and an evaluation writes best.pt, then its metrics.jsonl line, then
-last.pt, the run's commit record. A resume drops what a kill left beyond last.pt (metrics lines of
-later steps) and adopts a best.pt written after it, so every file agrees with every other.
+second signal cannot cut a save short; and an evaluation writes best.safetensors, then its metrics.jsonl line, then
+last.safetensors, the run's commit record. A resume drops what a kill left beyond last.safetensors (metrics lines of
+later steps) and adopts a best.safetensors written after it, so every file agrees with every other.
 
 (About 490 lines: the Trainer's set-up, loop, evaluation and saving stay together so that one run reads top to
 bottom in one place; each job of its own lives beside it: schedule.py, stopping.py, resume.py, events.py.)
@@ -98,7 +98,7 @@ def evaluate(
 
 
 class Trainer:
-    """One training run: set up from a corpus (or from out_dir/last.pt when resuming), then fit().
+    """One training run: set up from a corpus (or from out_dir/last.safetensors when resuming), then fit().
     The configs are taken as given (validated where they were made); the caller's objects are never changed.
     resume: True continues the run in out_dir (resume.resume_run decides it here, for these configs), or the
     resume.Resumed a caller decided already (commands.train): then its configs are the run's.
@@ -150,7 +150,7 @@ class Trainer:
         restore_state(resumed, self.model, self.optimizer, self.data_gen, self.scaler, self.device, self.dist)
         saved = resumed.saved
         self.step, self.train_seconds = saved.step, saved.train_seconds
-        self.saved_step = saved.step  # what last.pt holds: a second Ctrl-C reports it
+        self.saved_step = saved.step  # what last.safetensors holds: a second Ctrl-C reports it
         self.best_val_loss, self.best_val_bpc = best_so_far(resumed)
         self.schedule = EvalSchedule(self.cfg, spent(self.cfg, self.step, self.train_seconds))
 
@@ -203,7 +203,7 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0
         self.schedule = EvalSchedule(self.cfg)
-        self.saved_step = None  # the step last.pt was last written at by this process
+        self.saved_step = None  # the step last.safetensors was last written at by this process
         self.best_val_loss = self.best_val_bpc = None
         amp = autocast_dtype(self.device, self.cfg.precision)
         self.autocast = torch.autocast(self.device, dtype=amp) if amp else nullcontext()
@@ -300,12 +300,12 @@ class Trainer:
                 ) from None
 
     def stop(self, last_val: float | None) -> NoReturn:
-        """A signal asked the run to stop: save last.pt at this step (unless an evaluation just did), then
+        """A signal asked the run to stop: save last.safetensors at this step (unless an evaluation just did), then
         raise TrainingInterrupted. Further signals are ignored from here on."""
         self.signals.stopping = True
         if self.saved_step != self.step:
             with self.signals.holding():
-                self.save("last.pt")
+                self.save(checkpoint.LAST)
         raise TrainingInterrupted(self.result("interrupted", last_val), self.signals.signum or signal.SIGINT)
 
     def budget_spent(self) -> float:
@@ -350,7 +350,7 @@ class Trainer:
             what += f" ({checkpoint.NONFINITE.format(tensor=bad)})"  # the words a load of such weights says
         kept = (
             f"the last good checkpoint in {self.out_dir} was kept"
-            if (self.out_dir / "last.pt").exists()
+            if (self.out_dir / checkpoint.LAST).exists()
             else "nothing was saved"
         )
         raise TrainingDiverged(f"{what}: training stopped, and {kept}; try a lower --lr (now {self.cfg.lr:g})")
@@ -395,7 +395,7 @@ class Trainer:
         return "".join(pieces)
 
     def evaluate_and_save(self) -> float:
-        """Evaluate; write best.pt when val loss improved, then the metrics line, then last.pt (the commit
+        """Evaluate; write best.safetensors when val loss improved, then the metrics line, then last.safetensors (the commit
         record: see the module's docstring), with signals held off until all three are written. Returns val loss."""
         self.on_event(Phase(name="evaluating"))
         losses = evaluate(
@@ -424,10 +424,10 @@ class Trainer:
         self.on_event(Phase(name="saving"))
         with self.signals.holding():
             if is_best:
-                self.save("best.pt", metrics)
+                self.save(checkpoint.BEST, metrics)
             if self.dist.is_main:
                 files.append_line(self.out_dir / "metrics.jsonl", json.dumps(metrics))
-            self.save("last.pt", metrics)
+            self.save(checkpoint.LAST, metrics)
         sample = self.sample_text(min(self.cfg.sample_tokens, 120), seed=self.step)
         self.on_event(
             Evaluated(
@@ -444,7 +444,8 @@ class Trainer:
     def save(self, name: str, metrics: dict | None = None) -> None:
         """Write out_dir/name. With several processes every rank calls this and rank 0 writes: the file
         gets each rank's RNG states (for an exact resume) and a digest of each rank's weights, which
-        must all be equal (DDP keeps them so; if not, rank 0's file alone would misrepresent the run)."""
+        must all be equal (DDP keeps them so; if not, rank 0's file alone would misrepresent the run). The
+        training state (optimizer, random states, scaler) goes into the last checkpoint only: a resume reads that."""
         rng, world_size, digests = self.rng_state(), 1, None
         if self.dist.enabled:
             ranks = distributed.all_gather({"rng": rng, "weights": distributed.weights_digest(self.model.state_dict())})
@@ -456,6 +457,7 @@ class Trainer:
                 )
             rng, world_size = {**rng, "ranks": [r["rng"] for r in ranks]}, len(ranks)
         if self.dist.is_main:
+            last = name == checkpoint.LAST
             saved = Saved(
                 run_name=self.out_dir.resolve().name,
                 model_config=self.model_cfg,
@@ -470,14 +472,14 @@ class Trainer:
                 device=self.device,
                 metrics=metrics or {"step": self.step},
                 corpus=self.corpus,
-                optimizer=self.optimizer.state_dict(),
-                rng=rng,
-                scaler=self.scaler.state_dict() if self.scaler else None,
+                optimizer=self.optimizer.state_dict() if last else None,
+                rng=rng if last else None,
+                scaler=self.scaler.state_dict() if self.scaler and last else None,
                 world_size=world_size,
                 weights_sha256=digests,
             )
             checkpoint.save(saved, self.out_dir / name)
-        if name == "last.pt":
+        if name == checkpoint.LAST:
             self.saved_step = self.step
         # the others wait until the file is written: once save() returns on any rank, a resume may read it
         distributed.barrier()

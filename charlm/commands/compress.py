@@ -109,7 +109,7 @@ class _Session:
         """Write the run, load it back through the safe loader as every command does, score it, and write it
         again with its own score."""
         cfg, state, what, dropped = self.pruned(heads, units, chance)
-        weights, path = stored(state, bits), to / "best.pt"
+        weights, path = stored(state, bits), to / checkpoint.BEST
         checkpoint.save(build(self.ck, to.name, bits, cfg, weights, what, None), path)
         ck = checkpoint.load(path)
         nats, top1, kl = compare_to(self.reference, log_probs(ck.model, self.text.rows), self.text.rows)
@@ -132,9 +132,9 @@ def _label(bits: int, heads: int, units: int, chance: bool = False) -> str:
 
 
 def compress(ckpt: str, opts: CompressOptions) -> Compressed:
-    """Write the compressed run to opts.to (its best.pt), and measure it and the original on the same text."""
+    """Write the compressed run to opts.to (its best checkpoint), and measure it and the original on the same text."""
     to = Path(opts.to)
-    if (to / "best.pt").exists() or (to / "last.pt").exists():
+    if any((to / n).exists() for n in (checkpoint.BEST, checkpoint.LAST, checkpoint.OLD_BEST, checkpoint.OLD_LAST)):
         raise ConfigError(f"--to {to} already holds a run: give a new directory")
     s = _Session(ckpt, opts)
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +167,7 @@ def report(ckpt: str, opts: CompressOptions) -> Report:
         for i, (bits, heads, units, chance) in enumerate(settings):
             where = Path(tmp) / str(i)
             rows.append(s.write(where, bits, heads, units, _label(bits, heads, units, chance), chance)[0])
-            os.remove(where / "best.pt")
+            os.remove(where / checkpoint.BEST)
     return Report(rows, s.text.source, int(s.text.rows[:, 1:].numel()), reading(rows), str(s.ck.path))
 
 

@@ -10,7 +10,7 @@ from charlm.errors import CheckpointError, ConfigError
 
 
 def info(path: str | Path) -> dict:
-    """What a checkpoint (a file, or a run directory's best.pt, else last.pt) holds, as plain values."""
+    """What a checkpoint (a file, or a run directory's best.safetensors, else last.safetensors) holds, as plain values."""
     p = checkpoint.resolve(path)
     return {"path": str(p), **checkpoint.read_header(p).summary()}
 
@@ -28,7 +28,7 @@ def missing(what: str) -> tuple[str, list[Path]]:
 
 
 def list_runs(directory: Path | None = None) -> tuple[Path, list[dict]]:
-    """(the folder, its runs newest first): each run's summary, or its error (an unreadable last.pt)."""
+    """(the folder, its runs newest first): each run's summary, or its error (an unreadable last.safetensors)."""
     root = directory or runs.RUNS
     if not root.is_dir():
         if directory is None:

@@ -47,7 +47,7 @@ def train(
     None: every field). nproc > 1: relaunch the command line argv (charlm's arguments, "train" first) under
     torchrun through launch(the torchrun command line), which does not return. Ctrl-C, SIGTERM and SIGHUP stop it in every phase (RunSignals): in set-up at once, with
     nothing to save; once training, saved at the step it is at; either way TrainingInterrupted says what
-    last.pt holds. settle_signals: once training ends, ignore them (a process that only has to exit; a Python
+    last.safetensors holds. settle_signals: once training ends, ignore them (a process that only has to exit; a Python
     caller keeps its handlers)."""
     me = distributed.env()
     signals = RunSignals(
@@ -63,9 +63,9 @@ def train(
             )
     except SetupInterrupted as e:
         out, saved = (found or [None])[0], None
-        if out is not None and resume and (out / "last.pt").is_file():
+        if out is not None and resume and (out / checkpoint.LAST).is_file():
             try:
-                saved = checkpoint.read_header(out / "last.pt").step
+                saved = checkpoint.read_header(out / checkpoint.LAST).step
             except CheckpointError:
                 pass
         raise TrainingInterrupted(None, e.signum, out_dir=out, saved_step=saved) from None
@@ -95,7 +95,7 @@ def _train(corpus, model_cfg, train_cfg, out, resume, nproc, given, on_event, re
         run = Trainer(corpus, model_cfg, train_cfg, out, resume=resumed or False, on_event=on_event, signals=signals)
         return _with_usual_speed(run, run.fit(), device == "cpu" and me.is_main)
     except files.WriteError as e:
-        if _inside(e.path, out) and (out / "last.pt").exists():
+        if _inside(e.path, out) and (out / checkpoint.LAST).exists():
             raise files.WriteError(
                 f"{e}; the checkpoints already in it are intact: free some space, then resume with: "
                 f"{resume_command(corpus, out)}",
@@ -151,9 +151,9 @@ def _run_dir(corpus, model_cfg, train_cfg, out, resume, world_size, given) -> tu
     out = out or runs.latest_run(corpus, model_cfg.kind, train_cfg.tokenizer)
     if main:  # in use: say so first (what follows reads a run that is being written)
         runs.check_free(out)
-    if not (out / "last.pt").exists():
+    if not checkpoint.last_of(out):
         raise ConfigError(
-            f"--resume: no checkpoint at {out / 'last.pt'}; train one first, or point --out at an existing run"
+            f"--resume: no checkpoint at {out / checkpoint.LAST}; train one first, or point --out at an existing run"
         )
     return out, resume_run(out, corpus, model_cfg, train_cfg, world_size, given)
 
@@ -164,14 +164,15 @@ def resume_command(corpus: str, out: Path) -> str:
 
 
 def check_unused(out: Path) -> None:
-    if (out / "last.pt").exists():
+    if checkpoint.last_of(out):
         raise ConfigError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
-    # another run's files without a last.pt (a run killed before its first one, or copied in): a new run
-    # would rewrite them and mix its own lines into that log
-    left = [n for n in ("best.pt", "metrics.jsonl") if os.path.lexists(out / n) and _not_empty(out / n)]
+    # another run's files without a last checkpoint (a run killed before its first one, or copied in): a new
+    # run would rewrite them and mix its own lines into that log
+    names = (checkpoint.BEST, checkpoint.OLD_BEST, "metrics.jsonl")
+    left = [n for n in names if os.path.lexists(out / n) and _not_empty(out / n)]
     if left:
         raise ConfigError(
-            f"{out} holds {' and '.join(left)} of another run (but no last.pt to resume): move "
+            f"{out} holds {' and '.join(left)} of another run (but no {checkpoint.LAST} to resume): move "
             f"{'them' if len(left) > 1 else 'it'} away, or choose another --out"
         )
 

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from charlm.checkpoint import BEST
 from charlm.views.text import safe_text
 
 COLUMNS = (
@@ -53,7 +54,7 @@ def render_compressed(console: Console, done) -> None:
     if done.dropped:
         what = ", ".join(f"{layer}.{i}" for layer, i in done.dropped[:16]) + (" …" if len(done.dropped) > 16 else "")
         console.print(Text(f"dropped (layer.index): {what}"))
-    console.print(Text(safe_text(f"written: {done.path / 'best.pt'} (every command opens {done.path})")))
+    console.print(Text(safe_text(f"written: {done.path / BEST} (every command opens {done.path})")))
 
 
 def render_report(console: Console, rep) -> None:

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
+from charlm.checkpoint import BEST, LAST
 from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import command_lines, duration, safe, safe_text, shell_quote
 
@@ -180,7 +181,7 @@ class TrainView:
             self._print(preview, **({"no_wrap": True, "overflow": "ellipsis"} if self.live else {}))
 
     def interrupted(self, e: TrainingInterrupted, resume: str | None) -> None:
-        """A signal stopped the run: where it got to, what last.pt holds, and the command that continues it."""
+        """A signal stopped the run: where it got to, what its last checkpoint holds, and the command that continues it."""
         try:
             self.close()
             name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
@@ -188,7 +189,7 @@ class TrainView:
             if e.out_dir is None or e.saved_step is None:
                 self._print(Text.assemble("\n", (name, "yellow"), f"{at}; nothing saved"))
                 return
-            last = safe(f"{e.out_dir}/last.pt")
+            last = safe(f"{e.out_dir}/{LAST}")
             if e.result and e.saved_step == e.result.step:
                 self._print(Text.assemble("\n", (name, "yellow"), f"{at}; saved ", last))
             else:
@@ -218,7 +219,7 @@ class TrainView:
             table.add_row(
                 "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
             )
-        table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
+        table.add_row("checkpoints", safe(f"{result.out_dir}/{BEST}, {LAST}"))
         self._print(table)
         if busy := self._busy() or self._slow(result):
             self._print(Text(busy, style="yellow"))
