@@ -111,12 +111,18 @@ class Header:
         try:
             with open(p, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                head = f.read(8)
-                if len(head) < 8:
-                    raise self.bad("shorter than a safetensors header")
-                (n,) = struct.unpack("<Q", head)
+                head = f.read(9)
+                if len(head) < 9 or head[8:] != b"{":  # a safetensors header is a JSON object
+                    raise CheckpointError(
+                        f"{p} is not a charlm checkpoint (neither a safetensors file nor a PyTorch archive)"
+                    )
+                (n,) = struct.unpack("<Q", head[:8])
                 if not 2 <= n <= MAX_HEADER or 8 + n > size:
-                    raise self.bad(f"its header claims {n:,} bytes of a {size:,}-byte file")
+                    raise CheckpointError(
+                        f"{p} is truncated or corrupt (its header claims {n:,} bytes of a {size:,}-byte file); "
+                        "train again or use another checkpoint"
+                    )
+                f.seek(8)
                 raw = f.read(n)
         except OSError as e:
             raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
@@ -162,8 +168,13 @@ class Header:
         begin, end = offsets
         storage, itemsize = DTYPES[dtype]
         numel = math.prod(shape)  # exact: Python's integers, so a huge declared shape cannot wrap around
-        if not begin <= end <= data_size or end - begin != numel * itemsize:
-            raise self.bad(f"entry {label}'s byte range does not fit its shape or the file")
+        if not begin <= end or end - begin != numel * itemsize:
+            raise self.bad(f"entry {label}'s byte range does not fit its shape")
+        if end > data_size:
+            raise CheckpointError(
+                f"{self.path} is truncated or corrupt (entry {label} ends {end - data_size:,} bytes past the end of "
+                "the file); train again or use another checkpoint"
+            )
         stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
         return TensorInfo(storage, name, tuple(shape), stride, 0, numel), (begin, end)
 

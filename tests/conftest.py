@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from charlm import checkpoint
 from charlm.checkpoint import Corpus, Saved
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
@@ -139,6 +140,12 @@ def saved_model(model, chars: str, **fields) -> Saved:
         corpus=Corpus(name="c.txt", sha256="0" * 64, train_tokens=90, val_tokens=10, chars_per_token=1.0),
     )
     return Saved(**(plain | fields))
+
+
+def legacy_payload(path: Path) -> dict:
+    """What an older charlm's checkpoint (format 2, torch.save's best.pt / last.pt, before safetensors) held,
+    built from a checkpoint file: to write with torch.save for the tests of the reader of those files."""
+    return {**checkpoint.read(path).to_payload(), "version": 2}
 
 
 def tiny_train(steps: int, **kw) -> TrainConfig:
