@@ -1,15 +1,18 @@
-"""Coverage-guided fuzzing of the checkpoint loader (issue 20): atheris (libFuzzer for Python) feeds files
-mutated from a few small seeds to checkpoint.read_header, and each file it accepts to the commands that
+"""Coverage-guided fuzzing of the checkpoint loader (issues 20 and 39): atheris (libFuzzer for Python) feeds
+files mutated from a few small seeds to checkpoint.read_header, and each file it accepts to the commands that
 show a checkpoint (info, runs) and to checkpoint.load and charlm sample.
 
-    python benchmarks/fuzz_checkpoint.py                  # a minute
+    python benchmarks/fuzz_checkpoint.py                  # a minute, on safetensors checkpoints
     python benchmarks/fuzz_checkpoint.py --seconds 1800   # what benchmarks/RESULTS.md records
+    python benchmarks/fuzz_checkpoint.py --target pt      # an older charlm's .pt files (safe_pickle.py)
     python benchmarks/fuzz_checkpoint.py --make-seeds     # write benchmarks/fuzz_seeds/ again
     python benchmarks/fuzz_checkpoint.py --replay FILE... # each file once, through the same checks
-    python benchmarks/fuzz_checkpoint.py --target resume  # last.pt's training state, through train --resume
+    python benchmarks/fuzz_checkpoint.py --target resume  # last.safetensors's training state, through train --resume
     python benchmarks/fuzz_checkpoint.py --target cache   # a token-cache entry, through data.prepare
 
-Three targets (--target): "checkpoint" (the default) as above; "resume": a mutated last.pt (mutations aimed
+Four targets (--target): "checkpoint" (the default) as above, on safetensors files (the seeds of
+benchmarks/fuzz_seeds/, older charlm's .pt files, written again as safetensors at the start); "pt": the same on
+those .pt files as they are (the reader kept for them); "resume": a mutated last.safetensors (mutations aimed
 at its optimizer and RNG state, four in five) beside the corpus it was trained on, through `charlm train
 --resume` for one more step: it must train (and leave checkpoints that read back) or refuse in one line;
 "cache": a mutated token-cache entry (.npy, and its .json record after a b"\0--\0" line) where data.prepare
@@ -23,9 +26,11 @@ name the file; a command that fails (non-zero exit, "please report it") on a fil
 grows is benchmarks/fuzz_out/corpus/. One process (libFuzzer alone, no workers), started again after a hang,
 a crash or running out of memory, until the time is spent. Needs atheris: pip install -e '.[dev]'.
 
-Most mutations keep the zip archive whole and change what is inside it (a byte flipped anywhere else mostly
-breaks a checksum): data.pkl's bytes, one value of the pickled payload (a config field, a tensor's shape, the
-tokenizer's JSON, ...) or a tensor's stored values. The rest are libFuzzer's own mutations of the whole file.
+Most mutations keep the file's structure and change what is inside it. A safetensors file: one value inside a
+metadata field's JSON (a config field, the tokenizer's JSON, the optimizer's structure...), a tensor entry's
+dtype, shape or byte range, a tensor's stored values, an entry dropped or renamed, the header's length. A .pt
+file (a byte flipped mostly breaks a checksum): data.pkl's bytes, one value of the pickled payload or a
+tensor's stored values, the archive's entries. The rest are libFuzzer's own mutations of the whole file.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import pickle
 import random
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -77,7 +83,7 @@ class Target:
         self.dir = scratch / "runs"
         self.run = self.dir / "run"
         self.run.mkdir(parents=True, exist_ok=True)
-        self.file = self.run / "last.pt"
+        self.file = self.run / (checkpoint.OLD_LAST if TARGET == "pt" else checkpoint.LAST)
         self.seen: collections.Counter = collections.Counter()
 
     def __call__(self, data: bytes) -> None:
@@ -147,7 +153,7 @@ CORPUS = "ab ba abba.\n" * 40  # the text the seeds were trained on (make_seeds)
 
 
 class ResumeTarget(Target):
-    """One input: a last.pt in a fresh run directory, resumed for one step by `charlm train --resume`."""
+    """One input: a last.safetensors in a fresh run directory, resumed for one step by `charlm train --resume`."""
 
     def __init__(self, findings: Path, scratch: Path):
         super().__init__(findings, scratch)
@@ -171,7 +177,7 @@ class ResumeTarget(Target):
         args = ["train", self.corpus, "--out", self.run, "--resume", "--steps", saved.step + 1]
         r = self._command([*args, "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu"], data, ok=(0, 1))
         if r is not None and r.exit_code == 0:
-            for name in ("last.pt", "best.pt"):  # exit 0: what it wrote must read back
+            for name in (self.checkpoint.LAST, self.checkpoint.BEST):  # exit 0: what it wrote must read back
                 if (self.run / name).exists():
                     try:
                         self.checkpoint.read(self.run / name)
@@ -241,7 +247,8 @@ FOCUS: tuple[str, ...] = ()  # the payload's fields most mutations go to (--targ
 
 
 def mutate(data: bytes, max_size: int, seed: int) -> bytes:
-    """Four in five: inside the archive (it stays a valid zip); else libFuzzer's byte mutations."""
+    """Four in five: inside the file (it stays a safetensors file, or a valid zip); else libFuzzer's byte
+    mutations."""
     import atheris
 
     rng = random.Random(seed)
@@ -249,12 +256,74 @@ def mutate(data: bytes, max_size: int, seed: int) -> bytes:
         return atheris.Mutate(data, max_size)
     if rng.random() < 0.8:
         try:
-            out = _mutate_inside(data, rng)
+            out = _mutate_inside(data, rng) if TARGET == "pt" else _mutate_safetensors(data, rng)
         except Exception:  # noqa: BLE001 - not a zip, or a data.pkl that does not read: mutate the bytes
             out = None
         if out is not None and len(out) <= max_size:
             return out
     return atheris.Mutate(data, max_size)
+
+
+SPECIAL = [b"\x00\x00\xc0\x7f", b"\x00\x00\x80\x7f", b"\xff\xff\x7f\x7f", b"\x80\x7f", b"\xff\xff"]  # NaN, inf...
+
+
+def _mutate_safetensors(data: bytes, rng: random.Random) -> bytes | None:
+    """One change inside a safetensors file, the header written again with its true length (but one in twenty)."""
+    import atheris
+
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    body = data[8 + n :]
+    meta = header.setdefault("__metadata__", {})
+    names = [k for k in header if k != "__metadata__"]
+    what = rng.random()
+    if what < 0.4 and meta:  # one value inside one metadata field's JSON
+        focus = [k for k in FOCUS if k in meta]
+        key = rng.choice(focus if focus and rng.random() < 0.8 else list(meta))
+        value = json.loads(meta[key])
+        value = mutate_tree(value, rng) if isinstance(value, (dict, list)) else interesting(rng, value)
+        meta[key] = json.dumps(value, default=repr) if rng.random() < 0.9 else meta[key][: len(meta[key]) // 2]
+    elif what < 0.6 and names:  # one tensor entry's dtype, shape or byte range
+        e = header[rng.choice(names)]
+        field = rng.choice(["dtype", "shape", "data_offsets"])
+        old = e.get(field)
+        if isinstance(old, list) and old and rng.random() < 0.7:
+            i = rng.randrange(len(old))
+            old[i] = interesting(rng, old[i])
+        else:
+            e[field] = rng.choice(
+                [interesting(rng, old), "F16", "BF16", "F64", "I64", "I8", "U8", [], [0], [2**40, 2**40]]
+            )
+    elif what < 0.85 and names:  # a tensor's stored values
+        begin, end = header[rng.choice(names)]["data_offsets"]
+        value = body[begin:end]
+        if value and rng.random() < 0.5:
+            at = rng.randrange(0, max(len(value) - 3, 1))
+            special = rng.choice(SPECIAL)
+            value = (value[:at] + special + value[at + len(special) :])[: len(value)]
+        else:
+            value = atheris.Mutate(value, len(value) + 16)
+        body = body[:begin] + value + body[end:]
+    elif what < 0.95:  # an entry or a metadata field dropped, or renamed
+        holder = rng.choice([header, meta])
+        if holder:
+            key = rng.choice(list(holder))
+            value = holder.pop(key)
+            if rng.random() < 0.5:
+                holder[rng.choice([key + ".1", "head.weight", "model", "optimizer", "rng", key.upper(), ""])] = value
+    h = json.dumps(header, default=repr).encode()
+    length = len(h) if rng.random() < 0.95 else interesting(rng, len(h)) % 2**64
+    return struct.pack("<Q", length) + h + body
+
+
+def safetensors_seeds(where: Path) -> Path:
+    """The seeds of fuzz_seeds/ (an older charlm's .pt files), written again as safetensors checkpoints."""
+    from charlm import checkpoint
+
+    where.mkdir(parents=True, exist_ok=True)
+    for seed in sorted(SEEDS.glob("*.ckpt")):
+        checkpoint.save(checkpoint.read(seed), where / seed.name)
+    return where
 
 
 def _mutate_inside(data: bytes, rng: random.Random) -> bytes | None:
@@ -275,9 +344,7 @@ def _mutate_inside(data: bytes, rng: random.Random) -> bytes | None:
         value = entries[name]
         if value and rng.random() < 0.5:
             at = rng.randrange(0, max(len(value) - 3, 1))
-            special = rng.choice(
-                [b"\x00\x00\xc0\x7f", b"\x00\x00\x80\x7f", b"\xff\xff\x7f\x7f", b"\x80\x7f", b"\xff\xff"]
-            )
+            special = rng.choice(SPECIAL)
             value = value[:at] + special + value[at + len(special) :]
         else:
             value = atheris.Mutate(value, len(value) + 16)
@@ -455,8 +522,10 @@ def make_seeds() -> None:
         ):
             model_cfg = ModelConfig(kind=kind, **tiny)
             train_cfg = TrainConfig(tokenizer=tokenizer, bpe_vocab=257, optimizer=optimizer, **train)
-            Trainer(corpus, model_cfg, train_cfg, tmp / name).fit(until=1)
-            (SEEDS / f"{name}.ckpt").write_bytes((tmp / name / "last.pt").read_bytes())
+            Trainer(corpus, model_cfg, train_cfg, tmp / name).fit(until=1)  # then as an older charlm wrote it
+            torch.save(
+                {**checkpoint.read(tmp / name / checkpoint.LAST).to_payload(), "version": 2}, SEEDS / f"{name}.ckpt"
+            )
         tok = CharTokenizer(list("ab\n"))
         for name, kind, dtype, version in (
             ("gru-v1", "gru", torch.float32, 1),
@@ -473,7 +542,7 @@ def make_seeds() -> None:
             if version == 1:  # "no evaluation yet" was inf, the process count a "distributed" dict
                 payload.update(version=1, best_val_loss=math.inf, best_val_bpc=math.inf, distributed={"world_size": 1})
                 del payload["world_size"], payload["weights_sha256"]
-            checkpoint.save(payload, SEEDS / f"{name}.ckpt")
+            torch.save(payload, SEEDS / f"{name}.ckpt")
     for p in sorted(SEEDS.iterdir()):
         print(f"{p.relative_to(HERE.parent)}: {p.stat().st_size:,} bytes")
 
@@ -515,10 +584,12 @@ def child(args) -> None:
 
     global TARGET, FOCUS
     TARGET, FOCUS = args.target, ("optimizer", "rng") if args.target == "resume" else ()
-    target = {"checkpoint": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target](
+    target = {"checkpoint": Target, "pt": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target](
         args.findings, args.scratch
     )
-    prefixes = ("charlm", "numpy") if args.target == "cache" else ("charlm", "pickle", "zipfile")
+    prefixes = {"cache": ("charlm", "numpy"), "pt": ("charlm", "pickle", "zipfile")}.get(
+        args.target, ("charlm", "json")
+    )
     print(f"instrumented {instrument(prefixes)} functions", file=sys.stderr)
     corpus = args.out / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
@@ -532,7 +603,7 @@ def child(args) -> None:
         "-print_final_stats=1",
         *([f"-seed={args.seed}"] if args.seed is not None else []),
     ]
-    seeds = args.out / "seeds" if args.target == "cache" else SEEDS
+    seeds = {"cache": args.out / "seeds", "pt": SEEDS}.get(args.target) or safetensors_seeds(args.out / "seeds")
     if args.target == "cache":  # the real entry, with and without its record
         seeds.mkdir(parents=True, exist_ok=True)
         (seeds / "entry.npy").write_bytes(target.path.read_bytes())
@@ -620,7 +691,7 @@ def replay(args) -> int:
         os.environ["CHARLM_CACHE"] = str(Path(tmp) / "cache")
         global TARGET, FOCUS
         TARGET = args.target
-        kind = {"checkpoint": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target]
+        kind = {"checkpoint": Target, "pt": Target, "resume": ResumeTarget, "cache": CacheTarget}[args.target]
         target = kind(Path(tmp) / "findings", Path(tmp))
         for path in args.replay:
             target(path.read_bytes())
@@ -640,7 +711,10 @@ def main() -> int:
     p.add_argument("--rss-mb", type=int, default=2048, help="memory before it is a finding [default: 2048]")
     p.add_argument("--seed", type=int, help="libFuzzer's random seed [default: a new one each run]")
     p.add_argument(
-        "--target", choices=("checkpoint", "resume", "cache"), default="checkpoint", help="what to fuzz (see above)"
+        "--target",
+        choices=("checkpoint", "pt", "resume", "cache"),
+        default="checkpoint",
+        help="what to fuzz (see above)",
     )
     p.add_argument("--out", type=Path, default=OUT, help=f"corpus and log [default: {OUT.relative_to(HERE.parent)}]")
     p.add_argument("--findings", type=Path, help="[default: OUT/findings]")

@@ -159,8 +159,8 @@ class Header:
         if not (isinstance(e, dict) and e.keys() == {"dtype", "shape", "data_offsets"}):
             raise self.bad(f"entry {label} is not a tensor's dtype, shape and data_offsets")
         dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
-        if dtype not in DTYPES:
-            raise self.bad(f"entry {label} holds {str(dtype)[:20]} values, which charlm never stores")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise self.bad(f"entry {label} holds {json.dumps(dtype)[:20]} values, which charlm never stores")
         if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_count(n) for n in shape)):
             raise self.bad(f"entry {label} has no valid shape")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(n) for n in offsets)):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from charlm import checkpoint
+from charlm import safetensors_file
 from charlm.checkpoint import Corpus, Saved
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
@@ -142,10 +142,19 @@ def saved_model(model, chars: str, **fields) -> Saved:
     return Saved(**(plain | fields))
 
 
+def stored_payload(path: Path) -> dict:
+    """A checkpoint file's fields as stored (plain values; tensors as they lie in the file: int8 weights stay
+    int8), to tamper with and write again with checkpoint.save."""
+    from safetensors.torch import load_file
+
+    header = safetensors_file.Header(Path(path))
+    return safetensors_file.with_tensors(header.payload(), load_file(path))
+
+
 def legacy_payload(path: Path) -> dict:
     """What an older charlm's checkpoint (format 2, torch.save's best.pt / last.pt, before safetensors) held,
     built from a checkpoint file: to write with torch.save for the tests of the reader of those files."""
-    return {**checkpoint.read(path).to_payload(), "version": 2}
+    return {**stored_payload(path), "version": 2}
 
 
 def tiny_train(steps: int, **kw) -> TrainConfig:

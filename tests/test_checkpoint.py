@@ -349,6 +349,11 @@ def _st_header_not_json(saved, tmp):
     return p
 
 
+def _st_dtype_not_text(saved, tmp):
+    """Regression (the fuzzer, in its first minute): a dtype that is a list raised TypeError (unhashable)."""
+    return _header_edit(saved, tmp, "dtype.safetensors", lambda h: h["norm.weight"].update(dtype=["F32"]))
+
+
 def _st_foreign(saved, tmp):
     p = tmp / "model.safetensors"
     save_file({"wte.weight": torch.randn(4, 4)}, p)
@@ -377,16 +382,34 @@ BAD_ST = [
     (_st_header_not_json, "its header is not JSON"),
     (_text, "is not a charlm checkpoint (neither a safetensors file nor a PyTorch archive)"),
     (_empty, "is not a charlm checkpoint (neither a safetensors file nor a PyTorch archive)"),
+    (_st_dtype_not_text, 'entry norm.weight holds ["F32"] values, which charlm never stores'),
     (_st_foreign, "is not a charlm checkpoint (a safetensors file written by something else)"),
     (lambda s, t: _st(s, t, "future.safetensors", version=checkpoint.VERSION + 1), "was written by a newer charlm"),
-    (lambda s, t: _st(s, t, "incomplete.safetensors", tokenizer="<drop>"), "incomplete charlm checkpoint (missing tokenizer)"),
+    (
+        lambda s, t: _st(s, t, "incomplete.safetensors", tokenizer="<drop>"),
+        "incomplete charlm checkpoint (missing tokenizer)",
+    ),
     (lambda s, t: _st(s, t, "notjson.safetensors", step="three"), "(step is not JSON: JSONDecodeError"),
     (lambda s, t: _st(s, t, "mistyped.safetensors", step=json.dumps("three")), "step should be int, not str"),
-    (lambda s, t: _st(s, t, "nan-json.safetensors", train_seconds="NaN"), "(train_seconds is not JSON: ValueError: NaN"),
-    (lambda s, t: _st(s, t, "alias.safetensors", model={"head.weight": {"@tensor": "nope"}}), "its metadata's model should name weights"),
-    (lambda s, t: _st(s, t, "tree.safetensors", rng={"data": {"@tensor": "nope"}}), "names a tensor the file does not hold"),
     (
-        lambda s, t: _st(s, t, "incompatible.safetensors", model_config=json.loads(tensors_and_metadata(s)[1]["model_config"]) | {"d_model": 64}),
+        lambda s, t: _st(s, t, "nan-json.safetensors", train_seconds="NaN"),
+        "(train_seconds is not JSON: ValueError: NaN",
+    ),
+    (
+        lambda s, t: _st(s, t, "alias.safetensors", model={"head.weight": {"@tensor": "nope"}}),
+        "its metadata's model should name weights",
+    ),
+    (
+        lambda s, t: _st(s, t, "tree.safetensors", rng={"data": {"@tensor": "nope"}}),
+        "names a tensor the file does not hold",
+    ),
+    (
+        lambda s, t: _st(
+            s,
+            t,
+            "incompatible.safetensors",
+            model_config=json.loads(tensors_and_metadata(s)[1]["model_config"]) | {"d_model": 64},
+        ),
         "its weights do not match its config (transformer, layers 1, d_model 64: tok_emb.weight is (23, 32), "
         "the config needs (23, 64))",
     ),

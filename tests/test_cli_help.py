@@ -16,6 +16,7 @@ import pexpect
 import pytest
 from click.testing import CliRunner
 
+from charlm.checkpoint import LAST
 from charlm.cli import main
 from charlm.presets import PRESET_TABLE
 
@@ -111,7 +112,7 @@ def test_missing_checkpoint_shows_usage_and_lists_the_runs(gen_runs, tmp_path, m
     assert lines[1].startswith("error: missing CKPT") and "no runs in checkpoints/ yet" in lines[1]
     for name in ("tf", "lstm"):  # two real runs, the LSTM newer
         shutil.copytree(gen_runs[name], tmp_path / "checkpoints" / f"shakespeare-{name}")
-    os.utime(tmp_path / "checkpoints" / "shakespeare-tf" / "last.pt", (1e9, 1e9))
+    os.utime(tmp_path / "checkpoints" / "shakespeare-tf" / LAST, (1e9, 1e9))
     for command in ("chat", "sample", "info"):
         r = charlm(command)
         assert r.exit_code == 2 and "Traceback" not in r.output

@@ -20,6 +20,7 @@ import torch
 from conftest import CITIZENS, TINY, cli, one_line_error
 
 from charlm import checkpoint, runs
+from charlm.checkpoint import BEST, LAST
 from charlm.train import Trainer
 
 
@@ -55,7 +56,7 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
     assert "eval step 10:" in out and "eval step 20:" in out and "bits/char" in out
     assert "training done" in out and "20 (reached --steps)" in out
     assert f"charlm chat {tmp_path / 'run'}" in out
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [BEST, LAST, "metrics.jsonl"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [10, 20]
     assert rows[1]["val_loss"] < math.log(len(set(CITIZENS)))  # it learned something in 20 steps
@@ -71,11 +72,11 @@ def test_info_on_a_run_directory_and_a_file(run):
         "nats/token",
         "bits/char",
         "citizens.txt (sha256",
-        "best.pt",
+        BEST,
     ):
         assert text in r.stdout, text
     assert r.stdout.count("…") == 1  # only the abbreviated hash: long values (the path) wrap, never cut off
-    for target in (run, run / "last.pt"):
+    for target in (run, run / LAST):
         r = cli("info", target, "--json")
         assert r.exit_code == 0
         info = json.loads(r.stdout)
@@ -105,16 +106,16 @@ def test_default_run_directory_is_numbered_not_clobbered(corpus, tmp_path, monke
     assert "saving to checkpoints/citizens-transformer-char" in first.stdout and "sample:" in first.stdout
     assert "--max-time ran out" in first.stdout
     one = tmp_path / "checkpoints" / "citizens-transformer-char"
-    before = (one / "last.pt").read_bytes()
+    before = (one / LAST).read_bytes()
     second = cli("train", corpus.name, *TINY, "--steps", 3)
     assert second.exit_code == 0, second.output
     two = tmp_path / "checkpoints" / "citizens-transformer-char-2"
-    assert checkpoint.load(two / "last.pt").saved.step == 3
-    assert (one / "last.pt").read_bytes() == before
+    assert checkpoint.load(two / LAST).saved.step == 3
+    assert (one / LAST).read_bytes() == before
     third = cli("train", corpus.name, "--resume", "--steps", 5)
     assert third.exit_code == 0, third.output
     assert "resuming at step 3" in third.stdout
-    assert checkpoint.load(two / "last.pt").saved.step == 5
+    assert checkpoint.load(two / LAST).saved.step == 5
 
 
 def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
@@ -148,7 +149,7 @@ def test_resume_continues_to_the_new_total(run, corpus):
     metrics = (run / "metrics.jsonl").read_text()
     assert metrics.startswith(before)
     assert [json.loads(line)["step"] for line in metrics.splitlines()] == [5, 10, 15, 20]
-    assert checkpoint.read(run / "last.pt").step == 20
+    assert checkpoint.read(run / LAST).step == 20
 
 
 def test_resume_reads_last_pt_and_decides_once(run, corpus, monkeypatch):
@@ -162,8 +163,8 @@ def test_resume_reads_last_pt_and_decides_once(run, corpus, monkeypatch):
     monkeypatch.setattr(runs, "resume_configs", lambda *a, **kw: ruled.append(1) or real_rule(*a, **kw))
     r = cli("train", corpus, "--out", run, "--resume", "--steps", 12, "--eval-interval", 6)
     assert r.exit_code == 0, r.output
-    assert read == ["last.pt"] and len(ruled) == 1
-    assert real_read(run / "last.pt").step == 12
+    assert read == [LAST] and len(ruled) == 1
+    assert real_read(run / LAST).step == 12
 
 
 def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
@@ -171,10 +172,10 @@ def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
     stopped at once, as its time had already run out."""
     out = tmp_path / "run"
     train(corpus, out, "--max-time", "0.5s")
-    reached = checkpoint.read(out / "last.pt").step
+    reached = checkpoint.read(out / LAST).step
     r = cli("train", corpus, "--out", out, "--resume", "--steps", reached + 4)
     assert r.exit_code == 0, r.output
-    saved = checkpoint.read(out / "last.pt")
+    saved = checkpoint.read(out / LAST)
     assert saved.step == reached + 4 and saved.train_config.max_time is None
 
 
@@ -332,7 +333,7 @@ RESUME_ERRORS = {  # the arguments after CORPUS, and what the error says
     "no checkpoint": (lambda run, tmp: ["--resume", "--out", tmp / "empty-run"], "--resume: no checkpoint at"),
     "no run to find": (
         lambda run, tmp: ["--resume"],
-        "--resume found no run checkpoints/citizens-transformer-char*/last.pt",
+        f"--resume found no run checkpoints/citizens-transformer-char*/{LAST}",
     ),
     "other d-model": (
         lambda run, tmp: ["--resume", "--out", run, "--d-model", 64],
@@ -375,36 +376,36 @@ def test_resume_refusals(run, corpus, tmp_path, monkeypatch, name):
 def test_resume_with_another_text(run, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text(CITIZENS.lower(), encoding="utf-8")
-    before = (run / "last.pt").read_bytes()
+    before = (run / LAST).read_bytes()
     one_line_error(
         cli("train", other, "--out", run, "--resume", "--steps", 20),
         "other.txt is not the text this run was trained on",
     )
-    assert (run / "last.pt").read_bytes() == before
+    assert (run / LAST).read_bytes() == before
 
 
 def test_resume_from_a_damaged_checkpoint(run, corpus):
-    (run / "last.pt").write_bytes((run / "last.pt").read_bytes()[:5000])
+    (run / LAST).write_bytes((run / LAST).read_bytes()[:5000])
     one_line_error(cli("train", corpus, "--out", run, "--resume", "--steps", 20), "truncated or corrupt")
 
 
 def test_divergence_is_one_line_and_keeps_the_checkpoint(run, corpus):
     """A run whose loss blows up: it stops at that step with a one-line error naming the weight that went
     bad, and last.pt stays exactly as it was."""
-    saved = checkpoint.read(run / "last.pt")  # finite weights, so large that the next step overflows
+    saved = checkpoint.read(run / LAST)  # finite weights, so large that the next step overflows
     saved.model = {k: v * 1e36 if v.is_floating_point() else v for k, v in saved.model.items()}
-    checkpoint.save(saved, run / "last.pt")
-    before = (run / "last.pt").read_bytes()
+    checkpoint.save(saved, run / LAST)
+    before = (run / LAST).read_bytes()
     r = cli("train", corpus, "--out", run, "--resume", "--steps", 20)
     one_line_error(r, f"at step {saved.step + 1}", "training stopped, and the last good checkpoint in", "try a lower")
-    assert (run / "last.pt").read_bytes() == before
+    assert (run / LAST).read_bytes() == before
 
 
 def test_weights_that_hold_nan_or_inf_are_refused_everywhere(run, corpus, tmp_path):
     """Regression (issue 20): a checkpoint whose weights hold NaN loaded everywhere: sample printed
     'Thezzzz', eval said 'bits/char nan', info said nothing, all with exit 0. Now every command refuses
     it with one line naming the tensor, before any work (resume too)."""
-    saved = checkpoint.read(run / "last.pt")
+    saved = checkpoint.read(run / LAST)
     for bad, name in ((float("nan"), "nan.pt"), (float("-inf"), "inf.pt")):
         saved.model = {**saved.model, "norm.weight": torch.full_like(saved.model["norm.weight"], bad)}
         checkpoint.save(saved, tmp_path / name)
@@ -414,7 +415,7 @@ def test_weights_that_hold_nan_or_inf_are_refused_everywhere(run, corpus, tmp_pa
             )
     run2 = tmp_path / "run2"
     run2.mkdir()
-    (run2 / "last.pt").write_bytes((tmp_path / "nan.pt").read_bytes())
+    (run2 / LAST).write_bytes((tmp_path / "nan.pt").read_bytes())
     one_line_error(cli("train", corpus, "--out", run2, "--resume", "--steps", 20), "norm.weight has NaN or infinite")
 
 
@@ -470,13 +471,13 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     stdout, stderr = "".join(seen), proc.stderr.read()
     assert stderr == "" and "Traceback" not in stdout
     assert f"resume with: charlm train {corpus} --out '{out}' --resume" in stdout
-    step = checkpoint.load(out / "last.pt").saved.step
-    assert step >= 10 and f"interrupted at step {step}; saved {out}/last.pt" in stdout
+    step = checkpoint.load(out / LAST).saved.step
+    assert step >= 10 and f"interrupted at step {step}; saved {out}/{LAST}" in stdout
 
     # resumed in another process, the run continues exactly as one uninterrupted run would
-    saved = checkpoint.read(out / "last.pt")
+    saved = checkpoint.read(out / LAST)
     model_cfg = saved.model_config
-    train_cfg = checkpoint.load(out / "last.pt").train_config
+    train_cfg = checkpoint.load(out / LAST).train_config
     whole = Trainer(corpus, saved.model_config, train_cfg, tmp_path / "whole")
     whole.fit(until=step + 5)
     shutil.copytree(out, tmp_path / "resumed")  # keep `out` for the CLI resume below
@@ -488,4 +489,4 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     r = cli("train", corpus, "--out", out, "--resume", "--steps", step + 3)
     assert r.exit_code == 0, r.output
     assert f"resuming at step {step}" in r.stdout
-    assert checkpoint.read(out / "last.pt").step == step + 3
+    assert checkpoint.read(out / LAST).step == step + 3

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from charlm import checkpoint, quantized
+from charlm.checkpoint import BEST
 from charlm.commands.compress import compress
 from charlm.compress import _gate_rows, drop_units, log_probs, scored_text, unit_importance
 from charlm.data import bits_per_char
 from charlm.lab.ablate import _nats, head_knockouts
 from charlm.models import build_model
 from charlm.options import CompressOptions
-from tests.conftest import cli, one_line_error
+from tests.conftest import cli, one_line_error, stored_payload
 
 
 def numpy_dequantize(e: dict, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +55,7 @@ def test_quantize_dequantize_error_is_at_most_half_a_step(bits, shape):
 def test_the_loader_dequantizes_what_numpy_does(view_runs, tmp_path):
     for bits in (8, 4):
         compress(str(view_runs["tf"]), CompressOptions(to=str(tmp_path / f"q{bits}"), bits=bits, tokens=256))
-        raw = torch.load(tmp_path / f"q{bits}" / "best.pt", weights_only=True)
+        raw = stored_payload(tmp_path / f"q{bits}" / BEST)
         loaded = checkpoint.read(tmp_path / f"q{bits}")
         assert raw["quantized"] and set(raw["quantized"]) | set(raw["model"]) == set(loaded.model)
         for name, e in raw["quantized"].items():
@@ -138,7 +139,7 @@ def test_a_compressed_run_opens_in_every_command(compressed, view_runs, tmp_path
 def test_sampling_from_a_compressed_run_is_sampling_from_its_dequantized_weights(compressed, tmp_path):
     """The loader's float model (through `charlm sample`) against a plain float32 run written with the same
     weights, dequantized in numpy."""
-    raw = torch.load(compressed["tf"] / "best.pt", weights_only=True)
+    raw = stored_payload(compressed["tf"] / BEST)
     saved = checkpoint.read_header(compressed["tf"])
     model = dict(raw["model"])
     shapes = {name: t.shape for name, t in build_model(saved.model_config).state_dict().items()}
@@ -146,7 +147,7 @@ def test_sampling_from_a_compressed_run_is_sampling_from_its_dequantized_weights
         w, _ = numpy_dequantize({k: v.numpy() if hasattr(v, "numpy") else v for k, v in e.items()}, shapes[name][1])
         model[name] = torch.from_numpy(w.astype(np.float32))
     plain = replace(checkpoint.read(compressed["tf"]), model=model, quantized=None)
-    checkpoint.save(plain, tmp_path / "plain" / "best.pt")
+    checkpoint.save(plain, tmp_path / "plain" / BEST)
     a = cli("sample", compressed["tf"], "-p", "ROMEO:", "-n", "60", "-t", "0")
     b = cli("sample", tmp_path / "plain", "-p", "ROMEO:", "-n", "60", "-t", "0")
     assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout and len(a.stdout) > 20
@@ -235,11 +236,11 @@ def test_bad_compress_flags_are_one_line_errors(view_runs, compressed, tmp_path)
 
 
 def crafted(source, tmp_path, name: str, change) -> str:
-    raw = torch.load(source / "best.pt", weights_only=True)
+    raw = stored_payload(source / BEST)
     change(raw)
-    path = tmp_path / name / "best.pt"
+    path = tmp_path / name / BEST
     path.parent.mkdir()
-    torch.save(raw, path)
+    checkpoint.save(raw, path)
     return str(path)
 
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import TINY_MODEL
 
 from charlm import checkpoint
+from charlm.checkpoint import LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.events import Stepped
@@ -67,7 +68,7 @@ def test_bf16_autocast_train_step_and_cuda_checkpoint_on_cpu(corpus, tmp_path):
     # autocast computes in low precision, but the weights (and so the checkpoint) stay float32
     assert all(p.is_cuda and p.dtype == torch.float32 for p in run.model.parameters())
 
-    cpu = checkpoint.load(tmp_path / "run" / "last.pt", device="cpu")  # CUDA -> CPU via map_location
+    cpu = checkpoint.load(tmp_path / "run" / LAST, device="cpu")  # CUDA -> CPU via map_location
     assert all(p.device.type == "cpu" for p in cpu.model.parameters())
     for name, t in run.model.state_dict().items():
         assert torch.equal(cpu.model.state_dict()[name], t.cpu()), name
@@ -80,7 +81,7 @@ def test_fp16_with_grad_scaler_where_bf16_is_missing(corpus, tmp_path, monkeypat
     run = make(corpus, tmp_path / "run")
     assert run.autocast.fast_dtype == torch.float16 and run.scaler is not None
     run.fit(until=2)
-    saved = checkpoint.read(tmp_path / "run" / "last.pt")
+    saved = checkpoint.read(tmp_path / "run" / LAST)
     assert saved.scaler["scale"] == run.scaler.get_scale()
     resumed = make(corpus, tmp_path / "run", resume=True)
     assert resumed.scaler.get_scale() == run.scaler.get_scale()
@@ -117,7 +118,7 @@ def test_compile_on_cuda_saves_the_plain_module(corpus, tmp_path):
         ],
     )
     assert r.exit_code == 0, r.output
-    ckpt = checkpoint.load(out / "last.pt")
+    ckpt = checkpoint.load(out / LAST)
     assert list(ckpt.saved.model) == list(build_model(ckpt.model_config).state_dict())  # no "_orig_mod."
     assert ckpt.saved.device == "cuda" and ckpt.train_config.compile
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import CITIZENS, TINY
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 
 
@@ -78,7 +79,7 @@ def test_a_full_disk_while_saving_checkpoints(corpus, tmp_path, small_disk):
     left, and with some space freed the run resumes."""
     probe = tmp_path / "probe"
     assert charlm("train", corpus, *TINY, "--steps", 5, "--eval-interval", 5, "--out", probe).exit_code == 0
-    size = (probe / "last.pt").stat().st_size
+    size = (probe / LAST).stat().st_size
     disk = small_disk(int(2.5 * size) // 4096 * 4096)
     out = disk / "run"
     err = one_line_error(
@@ -86,8 +87,8 @@ def test_a_full_disk_while_saving_checkpoints(corpus, tmp_path, small_disk):
         f"no space left on device writing {out}; the checkpoints already in it are intact",
         f"resume with: charlm train {corpus} --out {out} --resume",
     )
-    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "last.pt", "metrics.jsonl"], err
-    last, best = checkpoint.load(out / "last.pt"), checkpoint.load(out / "best.pt")
+    assert sorted(p.name for p in out.iterdir()) == [BEST, LAST, "metrics.jsonl"], err
+    last, best = checkpoint.load(out / LAST), checkpoint.load(out / BEST)
     assert last.saved.step == best.saved.step == 5
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [step for step in logged if step <= 5] == [5]  # (a line beyond last.pt's step is dropped on resume)
@@ -95,7 +96,7 @@ def test_a_full_disk_while_saving_checkpoints(corpus, tmp_path, small_disk):
     shutil.move(str(out), tmp_path / "moved")  # space again: the run goes on where it stopped
     r = charlm("train", corpus, "--out", tmp_path / "moved", "--resume")
     assert r.exit_code == 0, r.output
-    assert checkpoint.read(tmp_path / "moved" / "last.pt").step == 20
+    assert checkpoint.read(tmp_path / "moved" / LAST).step == 20
 
 
 def test_a_full_disk_while_encoding_the_corpus(corpus, tmp_path, small_disk, monkeypatch):

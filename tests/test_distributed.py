@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from conftest import CITIZENS, TINY_MODEL
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
@@ -116,7 +117,7 @@ def test_torchrun_trains_with_two_processes(cli_run):
 def test_distributed_checkpoint_loads_in_one_process_with_both_ranks_weights(cli_run):
     root, corpus, proc, _ = cli_run
     assert proc.returncode == 0, proc.stderr
-    ckpt = checkpoint.load(root / "run" / "last.pt")  # a plain single-process load, on CPU
+    ckpt = checkpoint.load(root / "run" / LAST)  # a plain single-process load, on CPU
     state = ckpt.model.state_dict()
     # the unwrapped module was saved: the keys of a freshly built model, no "module." / "_orig_mod."
     assert list(state) == list(build_model(ckpt.model_config).state_dict())
@@ -155,7 +156,7 @@ def test_one_failing_rank_stops_the_whole_run(tmp_path):
     fails (at the first evaluation that improves). Rank 1 must not wait for it forever: torchrun sees
     rank 0 exit and stops rank 1. Also goes through --nproc, which re-executes itself via torchrun."""
     corpus = write_corpus(tmp_path / "citizens.txt")
-    (tmp_path / "run" / "best.pt").mkdir(parents=True)
+    (tmp_path / "run" / BEST).mkdir(parents=True)
     proc = launch(
         [
             sys.executable,
@@ -183,7 +184,7 @@ def test_one_failing_rank_stops_the_whole_run(tmp_path):
     launched = proc.stderr.split("launching: ")[1].splitlines()[0]  # the command --nproc re-executed
     assert " -m torch.distributed.run --standalone --nproc-per-node=2 -m charlm train " in launched
     assert " --nproc " not in launched and launched.endswith(f"--out {tmp_path / 'run'}")
-    assert "error: rank 0: cannot write" in proc.stderr and "best.pt: it is a directory" in proc.stderr
+    assert "error: rank 0: cannot write" in proc.stderr and f"{BEST}: it is a directory" in proc.stderr
     assert "please report it" not in proc.stderr  # rank 1 only lost its peer: not a bug to report
     assert "Root Cause" in proc.stderr  # torchrun's report names the rank that failed first
 
@@ -261,13 +262,13 @@ def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad()
-    ddp = checkpoint.load(tmp_path / "ref" / "last.pt").model.state_dict()
+    ddp = checkpoint.load(tmp_path / "ref" / LAST).model.state_dict()
     for name, want in model.state_dict().items():
         torch.testing.assert_close(ddp[name], want, atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
 
     # 2. 3 steps, a new Trainer resuming from the checkpoint, 3 more == 6 steps at once, bit for bit
-    full = checkpoint.read(tmp_path / "full" / "last.pt")
-    half = checkpoint.read(tmp_path / "half" / "last.pt")
+    full = checkpoint.read(tmp_path / "full" / LAST)
+    half = checkpoint.read(tmp_path / "half" / LAST)
     assert half.step == full.step == 6
     assert full.model.keys() == half.model.keys()
     for name in full.model:
@@ -276,7 +277,7 @@ def test_ddp_matches_one_process_and_resumes_exactly(tmp_path):
         assert torch.equal(a["data"], b["data"]) and torch.equal(a["torch"], b["torch"])
 
     # 3. the time budget stopped both ranks at the same step, with the same weights
-    timed = checkpoint.read(tmp_path / "timed" / "last.pt")
+    timed = checkpoint.read(tmp_path / "timed" / LAST)
     assert 0 < timed.step < 10**6 and timed.train_seconds >= 1.0
     assert len(set(timed.weights_sha256)) == 1
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from charlm.checkpoint import BEST, LAST
 from charlm.config import FAMILIES, ModelConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "charlm"
@@ -263,7 +264,7 @@ def test_a_new_model_family_needs_the_four_files_the_document_names(changed):
     root, tmp, run = changed
     presets = charlm(root, tmp, "train", "--help").stdout
     assert "bigram 1 layers × 16, context 32" in " ".join(presets.split())  # its presets reach --help
-    assert (run / "best.pt").exists() and '"model": "bigram"' in charlm(root, tmp, "info", str(run), "--json").stdout
+    assert (run / BEST).exists() and '"model": "bigram"' in charlm(root, tmp, "info", str(run), "--json").stdout
     text = charlm(root, tmp, "sample", str(run), "-p", "the ", "-n", "40", "--seed", "1").stdout
     assert text.startswith("the ") and len(text) > 20
     assert '"bits_per_char"' in charlm(root, tmp, "eval", str(run), str(tmp / "corpus.txt"), "--json").stdout
@@ -281,9 +282,7 @@ def test_a_new_sampling_option_needs_the_two_files_the_document_names(changed):
     assert greedy.stdout == charlm(root, tmp, "sample", str(run), "-p", "the", "-n", "30", "-t", "0").stdout
     shown = charlm(root, tmp, "chat", str(run), stdin="/set min_p 0.3\n/show\n").stdout
     assert "min_p" in shown and "0.3" in shown
-    both = charlm(
-        root, tmp, "compare", str(run), str(run / "last.pt"), "-p", "a", "-n", "5", "--min-p", "0.2", "--json"
-    )
+    both = charlm(root, tmp, "compare", str(run), str(run / LAST), "-p", "a", "-n", "5", "--min-p", "0.2", "--json")
     assert '"min_p": 0.2' in both.stdout
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, one_line_error, saved_model
+from conftest import cli, legacy_payload, one_line_error, saved_model
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import Saved
+from charlm.checkpoint import LAST, Saved
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import CheckpointError
 from charlm.generate import sample_next_token, sampling_probs
@@ -42,13 +42,13 @@ def tiny(tmp_path_factory) -> Path:
     cfg = ModelConfig(kind="transformer", vocab_size=3, n_layers=1, d_model=4, n_heads=2, context=4)
     model = build_model(cfg)
     saved = saved_model(model, "ab\n")
-    checkpoint.save(saved, run / "last.pt")
-    return run / "last.pt"
+    checkpoint.save(saved, run / LAST)
+    return run / LAST
 
 
 def tampered(base: Path, dest: Path, **changes) -> Path:
     """A copy of the checkpoint with fields replaced (a dict for a config or the corpus: merged into it)."""
-    data = torch.load(base, weights_only=True)
+    data = legacy_payload(base)
     for name in ("model_config", "train_config", "corpus"):
         if isinstance(changes.get(name), dict):
             changes[name] = {**data[name], **changes[name]}
@@ -97,7 +97,7 @@ class _Pickler(pickle.Pickler):
 def crafted(base: Path, dest: Path, change) -> Path:
     """base's payload pickled again as torch.save does, after change(payload, tensors) (tensors: the model's,
     as Tensor) has edited it in place."""
-    data = torch.load(base, weights_only=True)
+    data = legacy_payload(base)
     with zipfile.ZipFile(base) as z:
         prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
     tensors = {name: Tensor(f"w{i}", tuple(t.shape)) for i, (name, t) in enumerate(data["model"].items())}
@@ -342,7 +342,7 @@ def test_values_out_of_range_are_one_line_everywhere(tiny, tmp_path, changes, me
     print a message of two lines, or accept the file and fail further on; now each is refused on reading, and
     `charlm runs` shows the run as unreadable."""
     run = tmp_path / "runs" / "bad"
-    bad = tampered(tiny, run / "last.pt", **changes)
+    bad = tampered(tiny, run / LAST, **changes)
     refused(bad, message)
     one_line_error(cli("info", bad), message)
     r = cli("runs", run.parent)
@@ -353,7 +353,7 @@ def test_a_payload_alone_is_checked_without_the_tree_check(tiny):
     """The payload property test calls Saved.from_payload alone (read_header's _check_tree, which refuses
     numbers over 64 bits, comes before it): a 5000-digit number inside a config value, or as a metric, made
     its message raise ValueError (reprlib.repr and str() of it)."""
-    data = torch.load(tiny, weights_only=True)
+    data = legacy_payload(tiny)
     for changes in (
         {"model_config": {**data["model_config"], "context": {"": 10**5000}}},
         {"metrics": {"x": 10**5000}},
@@ -447,7 +447,7 @@ def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
 def test_info_says_what_it_skipped_of_a_damaged_metrics_file(tiny, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "last.pt").write_bytes(tiny.read_bytes())
+    (run / LAST).write_bytes(tiny.read_bytes())
     row = {"step": 1, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": 0.1}
     (run / "metrics.jsonl").write_bytes(json.dumps(row).encode() + b"\n\xff torn")
     r = cli("info", run)
@@ -472,7 +472,7 @@ def test_a_run_named_with_undecodable_bytes_prints_on_a_strict_utf8_terminal(tin
     root = tmp_path / "ckpts"
     run = Path(os.fsdecode(bytes(root) + b"/run\xff"))
     run.mkdir(parents=True)
-    (run / "last.pt").write_bytes(tiny.read_bytes())
+    (run / LAST).write_bytes(tiny.read_bytes())
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "CHARLM_DEBUG": ""}
     for args in (["info", str(run)], ["runs", str(root)]):
         proc = subprocess.run([sys.executable, "-m", "charlm", *args], capture_output=True, text=True, env=env)

@@ -14,9 +14,10 @@ import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY, cli
+from conftest import TINY, cli, legacy_payload
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError
@@ -40,12 +41,12 @@ def saved(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHARLM_CACHE", str(tmp / "cache"))
         Trainer(corpus, model_cfg, train_cfg, tmp / "run").fit(until=3)
-    return tmp / "run" / "last.pt"
+    return tmp / "run" / LAST
 
 
 def tampered(saved: Path, dest: Path, **changes) -> Path:
     """A copy of the checkpoint with fields replaced (model_config: a dict merged into the saved one)."""
-    data = torch.load(saved, weights_only=True)
+    data = legacy_payload(saved)
     if "model_config" in changes:
         changes["model_config"] = {**data["model_config"], **changes["model_config"]}
     torch.save({**data, **changes}, dest)
@@ -236,7 +237,7 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
     assert_harmless(
         done,
         f"saving to {tmp_path}/out{visible}",
-        f"{tmp_path}/out{visible}/best.pt",
+        f"{tmp_path}/out{visible}/{BEST}",
         f"charlm chat $'{tmp_path}/out{visible}'",
     )
 
@@ -247,7 +248,7 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
     )
     assert_harmless(
         stopped,
-        f"saved {tmp_path}/b{visible}/last.pt",
+        f"saved {tmp_path}/b{visible}/{LAST}",
         f"resume with: charlm train $'{tmp_path}/{visible}.txt' --out $'{tmp_path}/b{visible}' --resume",
     )
 
@@ -255,7 +256,7 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
 
     info = pty_run(["info", out], tmp_path)
     assert_harmless(info, f"out{visible}", f"{visible}.txt (sha256")
-    crafted = checkpoint.read(out / "last.pt")
+    crafted = checkpoint.read(out / LAST)
     crafted.device, crafted.run_name = f"cuda{HOSTILE}", f"name{HOSTILE}"
     checkpoint.save(crafted, tmp_path / "crafted.pt")
     assert_harmless(pty_run(["info", tmp_path / "crafted.pt"], tmp_path), f"on cuda{visible}", f"name{visible}")
@@ -358,7 +359,7 @@ def test_resume_refuses_flags_that_do_not_apply(corpus, tmp_path, model, args, m
     one_line(
         CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--steps", "4", "--resume", *args]), message
     )
-    assert checkpoint.read(out / "last.pt").step == 2
+    assert checkpoint.read(out / LAST).step == 2
 
 
 def train_limited(tmp_path, estimate: bool, headroom_mb: int) -> str:
@@ -372,7 +373,7 @@ def train_limited(tmp_path, estimate: bool, headroom_mb: int) -> str:
     err = proc.stderr.strip()
     assert proc.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
     assert "please report it" not in err
-    assert not (tmp_path / "out" / "last.pt").exists()
+    assert not (tmp_path / "out" / LAST).exists()
     return err
 
 

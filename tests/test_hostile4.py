@@ -19,6 +19,7 @@ import pytest
 from conftest import CITIZENS, TINY, cli, one_line_error
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import ConfigError
 
@@ -252,7 +253,7 @@ def test_a_new_run_never_rewrites_another_runs_metrics(corpus, tmp_path):
     theirs = b'{"step": 100, "train_loss": 1, "val_loss": 1, "val_bpc": 1, "elapsed": 1}\nnotes\n'
     (out / "metrics.jsonl").write_bytes(theirs)
     one_line_error(cli("train", corpus, *TINY, "--steps", "2", "--out", out), "metrics.jsonl")
-    assert (out / "metrics.jsonl").read_bytes() == theirs and not (out / "last.pt").exists()
+    assert (out / "metrics.jsonl").read_bytes() == theirs and not (out / LAST).exists()
 
 
 def test_resume_keeps_undecodable_metrics_lines_and_refuses_a_directory(corpus, tmp_path):
@@ -283,11 +284,11 @@ def test_resume_beside_another_models_best_pt_is_refused(corpus, tmp_path):
     out, other = tmp_path / "run", tmp_path / "other"
     train_ok(corpus, out)
     train_ok(corpus, other, "--model", "lstm")
-    (out / "best.pt").write_bytes((other / "best.pt").read_bytes())
-    one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "best.pt is not this run's")
-    (out / "best.pt").write_bytes(b"PK\x03\x04 damaged")
-    err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "best.pt")
-    assert "last.pt may be intact: use it, or move best.pt away, then resume" in err
+    (out / BEST).write_bytes((other / BEST).read_bytes())
+    one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), f"{BEST} is not this run's")
+    (out / BEST).write_bytes(b"PK\x03\x04 damaged")
+    err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), BEST)
+    assert f"{LAST} may be intact: use it, or move {BEST} away, then resume" in err
 
 
 def test_sample_of_a_run_whose_best_pt_is_damaged_points_at_last_pt(gen_runs, tmp_path):
@@ -295,9 +296,9 @@ def test_sample_of_a_run_whose_best_pt_is_damaged_points_at_last_pt(gen_runs, tm
     last.pt (which `sample RUN` passes over for best.pt)."""
     run = tmp_path / "run"
     shutil.copytree(gen_runs["lstm"], run)
-    (run / "best.pt").write_bytes(b"PK\x03\x04 damaged")
-    one_line_error(cli("sample", run, "-n", "2"), f"{run / 'last.pt'} may be intact: use it, or move best.pt away")
-    assert cli("sample", run / "last.pt", "-n", "2").exit_code == 0
+    (run / BEST).write_bytes(b"PK\x03\x04 damaged")
+    one_line_error(cli("sample", run, "-n", "2"), f"{run / LAST} may be intact: use it, or move {BEST} away")
+    assert cli("sample", run / LAST, "-n", "2").exit_code == 0
 
 
 @pytest.mark.parametrize("what", ["lstm optimizer", "3-byte rng", "rng without data", "wrong-shape state", "nan state"])
@@ -309,10 +310,10 @@ def test_resume_from_a_crafted_training_state_is_one_line(corpus, tmp_path, what
 
     out, other = tmp_path / "run", tmp_path / "other"
     train_ok(corpus, out)
-    saved = checkpoint.read(out / "last.pt")
+    saved = checkpoint.read(out / LAST)
     if what == "lstm optimizer":
         train_ok(corpus, other, "--model", "lstm")
-        change = {"optimizer": checkpoint.read(other / "last.pt").optimizer}
+        change = {"optimizer": checkpoint.read(other / LAST).optimizer}
     elif what == "3-byte rng":
         change = {"rng": {**saved.rng, "data": torch.zeros(3, dtype=torch.uint8)}}
     elif what == "rng without data":
@@ -324,8 +325,8 @@ def test_resume_from_a_crafted_training_state_is_one_line(corpus, tmp_path, what
         name = "exp_avg" if "exp_avg" in inner[key] else next(iter(inner[key]))
         inner[key][name] = torch.zeros(3) if what == "wrong-shape state" else inner[key][name] * float("nan")
         change = {"optimizer": state}
-    checkpoint.save(replace(saved, **change), out / "last.pt")
-    err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), "last.pt cannot be resumed")
+    checkpoint.save(replace(saved, **change), out / LAST)
+    err = one_line_error(cli("train", corpus, "--out", out, "--resume", "--steps", "4"), f"{LAST} cannot be resumed")
     assert "unexpected" not in err
 
 
@@ -375,7 +376,7 @@ def lab_run(gen_runs, tmp_path):
     """A lab run directory as `lab ablate` reads one: a char checkpoint, its corpus.txt and targets.npy."""
     run = tmp_path / "labrun"
     run.mkdir()
-    shutil.copy(gen_runs["lstm"] / "last.pt", run / "last.pt")
+    shutil.copy(gen_runs["lstm"] / LAST, run / LAST)
     (run / "corpus.txt").write_text("ROMEO:\nBut soft\n" * 5, encoding="utf-8")
     return run
 
@@ -392,13 +393,13 @@ def test_lab_ablate_names_a_damaged_targets_file(lab_run):
             np.save(targets, np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
         else:
             targets.write_bytes(b"" if damage == "empty" else b"\x93NUMPY nonsense")
-        one_line_error(cli("lab", "ablate", lab_run / "last.pt"), "targets.npy is damaged")
+        one_line_error(cli("lab", "ablate", lab_run / LAST), "targets.npy is damaged")
 
 
 def test_lab_ablate_text_that_is_a_device_is_named_so(lab_run):
     """Regression (items 20, 21): `lab ablate --text /dev/zero` said "does not exist"; it is now "not a regular
     file" (a device never ends), and a real text is read only as far as it is scored."""
-    one_line_error(cli("lab", "ablate", lab_run / "last.pt", "--text", "/dev/zero"), "not a regular file")
+    one_line_error(cli("lab", "ablate", lab_run / LAST, "--text", "/dev/zero"), "not a regular file")
 
 
 # ---- 20: endless inputs ---------------------------------------------------------------------------------------
@@ -427,9 +428,9 @@ def test_endless_prompts_end_in_one_line(gen_runs, tmp_path):
 def test_compare_labels_best_and_last_of_one_run_apart(gen_runs):
     """Regression (item 22): `compare runs/x/best.pt runs/x/last.pt` labelled both rows by the run's name only."""
     run = gen_runs["tf"]
-    r = cli("compare", run / "best.pt", run / "last.pt", "-n", "3", "-p", "RO", "--seed", "0")
+    r = cli("compare", run / BEST, run / LAST, "-n", "3", "-p", "RO", "--seed", "0")
     assert r.exit_code == 0, r.output
-    assert f"{run.name} (best.pt)" in r.output and f"{run.name} (last.pt)" in r.output
+    assert f"{run.name} ({BEST})" in r.output and f"{run.name} ({LAST})" in r.output
 
 
 def metrics_line(step: int) -> str:

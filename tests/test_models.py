@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import saved_model
 
+from charlm.checkpoint import LAST
 from charlm.config import POSITIONS, ModelConfig, TrainConfig
 from charlm.errors import ConfigError
 from charlm.models import build_model, count_params, param_shapes
@@ -65,8 +66,8 @@ def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
     assert param_shapes(cfg) == {name: tuple(t.shape) for name, t in model.state_dict().items()}
     assert config_params(cfg) == count_params(model) == config_params(tied) + V * 16
     saved = saved_model(model, "".join(chr(97 + i) for i in range(V)), run_name="u")
-    checkpoint.save(saved, tmp_path / "u" / "last.pt")
-    back = checkpoint.load(tmp_path / "u" / "last.pt").model
+    checkpoint.save(saved, tmp_path / "u" / LAST)
+    back = checkpoint.load(tmp_path / "u" / LAST).model
     assert not back.cfg.tied and torch.equal(back.head.weight, model.head.weight)
     x = tokens()
     assert torch.equal(back(x)[0], model.eval()(x)[0])

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import tiny_train
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig
 from charlm.data import bits_per_char
@@ -61,7 +62,7 @@ def test_one_run_piped_is_plain_characters(curves):
 
 
 def test_several_runs_overlaid_loss_against_time(curves):
-    r = charlm("plot", curves / "transformer", curves / "lstm" / "best.pt", "--y", "loss", "--x", "time")
+    r = charlm("plot", curves / "transformer", curves / "lstm" / BEST, "--y", "loss", "--x", "time")
     assert r.exit_code == 0
     for legend in ("** transformer train", "++ transformer val", "oo lstm train", "xx lstm val"):
         assert legend in r.stdout, legend
@@ -77,7 +78,7 @@ def test_json_gives_the_numbers(curves):
 
 def test_train_bits_per_char_uses_the_runs_characters_per_token(curves):
     """metrics.jsonl logs val bits/char but only the train loss: the plot derives train bits/char."""
-    saved = checkpoint.read(curves / "lstm" / "last.pt")
+    saved = checkpoint.read(curves / "lstm" / LAST)
     for point in metrics(curves / "lstm"):
         assert train_bpc(point) == pytest.approx(bits_per_char(point["train_loss"], saved.corpus.chars_per_token))
 

@@ -21,13 +21,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import cli, saved_model
+from conftest import cli, saved_model, stored_payload
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import Saved
+from charlm.checkpoint import LAST, Saved
 from charlm.commands.chat import Chat
 from charlm.commands.repl import Hint, Session
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
@@ -112,12 +112,12 @@ def tiny_checkpoint(path: Path, kind: str = "transformer") -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("props") / "run" / "last.pt")
+    return tiny_checkpoint(tmp_path_factory.mktemp("props") / "run" / LAST)
 
 
 @pytest.fixture(scope="module")
 def payload(tiny) -> dict:
-    return torch.load(tiny, weights_only=True)
+    return stored_payload(tiny)
 
 
 PLACES = [None, "model_config", "train_config", "corpus", "metrics"]  # where a change goes: the top level, or a dict
@@ -207,7 +207,7 @@ def test_any_saved_file_reads_or_is_one_line(tiny, payload, tmp_path_factory, da
         candidate["model"][name] = data.draw(TENSORS, label="tensor")
     elif what == "tokenizer":
         candidate["tokenizer"] = data.draw(tokenizer_texts, label="tokenizer")
-    path = tmp_path_factory.mktemp("saved") / "last.pt"
+    path = tmp_path_factory.mktemp("saved") / LAST
     torch.save(candidate, path)
     try:
         saved = checkpoint.read_header(path)
@@ -471,7 +471,7 @@ def chats(tmp_path_factory) -> dict[str, Chat]:
     """A transformer's and a GRU's chat, with a running text, printing into a string."""
     out = {}
     for kind in ("transformer", "gru"):
-        path = tiny_checkpoint(tmp_path_factory.mktemp(kind) / "last.pt", kind)
+        path = tiny_checkpoint(tmp_path_factory.mktemp(kind) / LAST, kind)
         console = Console(file=io.StringIO(), width=100, height=40)
         chat = Chat(checkpoint.load(path), SampleConfig(), console, interactive=True)
         chat.gen.ids = chat.ckpt.tokenizer.encode("ab ba abba\nab ")

@@ -19,6 +19,7 @@ from conftest import TINY, TINY_MODEL, cli, tiny_train
 from rich.console import Console
 
 from charlm import checkpoint, runs
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig
 from charlm.events import Phase
@@ -40,7 +41,7 @@ def folder(gen_runs, cmp_runs, tmp_path):
     root = tmp_path / "runs"
     for i, (name, src) in enumerate((("tf", gen_runs["tf"]), ("bpe", cmp_runs["bpe"]), ("lstm", gen_runs["lstm"]))):
         shutil.copytree(src, root / name)
-        os.utime(root / name / "last.pt", (time.time() - 3600 * (3 - i), time.time() - 3600 * (3 - i)))
+        os.utime(root / name / LAST, (time.time() - 3600 * (3 - i), time.time() - 3600 * (3 - i)))
     return root
 
 
@@ -51,7 +52,7 @@ def test_runs_table_newest_first(folder):
     assert out.index("lstm") < out.index("bpe") < out.index("\ntf")  # newest first
     assert "3 runs in" in out
     for name in ("tf", "bpe", "lstm"):
-        saved = checkpoint.read(folder / name / "last.pt")
+        saved = checkpoint.read(folder / name / LAST)
         row = out[out.index(f"\n{name} ") :].split("\n")[1]
         assert f"{saved.params / 1e6:.2f}M" in row and f"{saved.step:,}" in row and f"{saved.best_val_bpc:.3f}" in row
         assert saved.model_config.kind in row
@@ -64,7 +65,7 @@ def test_runs_json_and_one_run_directory(folder):
     rows = json.loads(r.stdout)
     assert [row["run"] for row in rows] == ["lstm", "bpe", "tf"]
     bpe = rows[1]
-    saved = checkpoint.read(folder / "bpe" / "last.pt")
+    saved = checkpoint.read(folder / "bpe" / LAST)
     assert bpe["tokenizer"] == "bpe" and bpe["model"] == "transformer" and bpe["steps"] == saved.step
     assert bpe["best_val_bpc"] == saved.best_val_bpc and bpe["params"] == saved.params and bpe["corpus"] == "corpus.txt"
     assert {"path", "train_seconds", "modified", "layers", "d_model", "vocab_size"} <= bpe.keys()
@@ -88,7 +89,7 @@ def test_runs_defaults_to_checkpoints_and_says_when_there_are_none(folder, tmp_p
 
 
 def test_a_damaged_run_is_a_row_not_a_crash(folder):
-    (folder / "bpe" / "last.pt").write_bytes(b"not a checkpoint")
+    (folder / "bpe" / LAST).write_bytes(b"not a checkpoint")
     r = charlm("runs", folder)
     assert r.exit_code == 0
     out = "".join(r.stdout.split())  # the message folds in the run column
@@ -181,7 +182,7 @@ def test_a_run_too_short_to_learn_says_train_longer_and_the_time_adds_up(tmp_pat
     training, total, setup, after = (0.0 if d == "0.0s" else parse_duration(d) for d in m.groups())
     rounding = sum(0.05 if "." in d else 0.5 for d in m.groups())  # 9.7s to a tenth, 12s to a second
     assert total == pytest.approx(training + setup + after, abs=rounding + 0.05) and total <= waited + 0.5
-    assert training == pytest.approx(checkpoint.read(tmp_path / "run" / "last.pt").train_seconds, abs=0.5)
+    assert training == pytest.approx(checkpoint.read(tmp_path / "run" / LAST).train_seconds, abs=0.5)
 
 
 def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
@@ -199,7 +200,7 @@ def test_a_run_that_learned_gives_the_usual_hints_only(tmp_path):
         tmp_path / "run",
     )
     assert r.exit_code == 0, r.output
-    best = checkpoint.read(tmp_path / "run" / "best.pt").best_val_loss
+    best = checkpoint.read(tmp_path / "run" / BEST).best_val_loss
     assert best < 0.6 * math.log(len(set(TEXT)))
     assert "train longer" not in r.stdout and "try next:" in r.stdout
 

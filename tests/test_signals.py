@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from conftest import CITIZENS, TINY
 
 from charlm import checkpoint
+from charlm.checkpoint import LAST
 from charlm.cli import main
 
 # a run that spends most of its time writing checkpoints: an LSTM with big matrices, tiny batches and an
@@ -115,12 +116,12 @@ def test_sigterm_saves_says_so_and_exits_143(corpus, tmp_path):
     code, stdout, stderr = run.finish()
     assert code == 143, (stdout, stderr)
     assert stderr == ""
-    step = checkpoint.read(out / "last.pt").step
-    assert step >= 10 and f"stopped by SIGTERM at step {step}; saved {out}/last.pt" in stdout
+    step = checkpoint.read(out / LAST).step
+    assert step >= 10 and f"stopped by SIGTERM at step {step}; saved {out}/{LAST}" in stdout
     assert f"resume with: charlm train {corpus} --out {out} --resume" in stdout
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--resume", "--steps", str(step + 2)])
     assert r.exit_code == 0, r.output
-    assert checkpoint.read(out / "last.pt").step == step + 2
+    assert checkpoint.read(out / LAST).step == step + 2
 
 
 # ---- Ctrl-C, again and again, during a save -----------------------------------------------------
@@ -149,8 +150,8 @@ def test_ctrl_c_pressed_again_and_again_during_a_save(corpus, tmp_path):
     code, stdout, stderr = run.finish()
     assert code == 130 and sent > 1, (code, sent, stdout, stderr)
     no_traceback(stderr)
-    step = checkpoint.read(out / "last.pt").step
-    assert f"interrupted at step {step}; saved {out}/last.pt" in stdout
+    step = checkpoint.read(out / LAST).step
+    assert f"interrupted at step {step}; saved {out}/{LAST}" in stdout
     assert temps(out) == []
 
 
@@ -183,7 +184,7 @@ def test_a_second_training_into_a_run_in_use_is_refused(corpus, tmp_path):
     first.finish()
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows][:2] == [10, 20]  # one run's lines only
-    step = checkpoint.read(out / "last.pt").step
+    step = checkpoint.read(out / LAST).step
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--resume", "--steps", str(step + 1)])
     assert r.exit_code == 0, r.output
 
@@ -224,11 +225,11 @@ def test_temp_files_of_a_killed_save_are_removed_by_the_next_run(corpus, tmp_pat
     out = tmp_path / "run"
     run = Train(tmp_path, corpus, *SAVING, "--steps", 1_000_000, "--out", out)
     run.wait_for("charlm train")
-    while not (out / "last.pt").exists():
+    while not (out / LAST).exists():
         time.sleep(0.01)
     left = kill_while_writing(run, out)
     assert left.exists()
-    step = checkpoint.read(out / "last.pt").step
+    step = checkpoint.read(out / LAST).step
     r = CliRunner().invoke(main, ["train", str(corpus), "--out", str(out), "--resume", "--steps", str(step + 1)])
     assert r.exit_code == 0, r.output
     assert temps(out) == []
@@ -297,8 +298,8 @@ def test_a_signal_in_any_phase_of_training_stops_it_at_once_saved(corpus, tmp_pa
     code, stdout, stderr = run.finish()
     assert code == 128 + signum, (code, stdout, stderr)
     no_traceback(stderr)
-    step = checkpoint.read(out / "last.pt").step
-    assert f"{NAME[signum]} at step {step}; saved {out}/last.pt" in stdout, stdout
+    step = checkpoint.read(out / LAST).step
+    assert f"{NAME[signum]} at step {step}; saved {out}/{LAST}" in stdout, stdout
     assert f"resume with: charlm train {corpus} --out {out} --resume" in stdout
     assert said is not None and said < 5 and took < 15, (said, took)  # (measured: ~0.01 s and ~0.3 s)
     assert not (out / ".lock").exists() and temps(out) == []
@@ -355,9 +356,9 @@ def test_a_second_ctrl_c_quits_at_once_and_says_what_was_saved(corpus, tmp_path)
     assert code == 130, (code, stdout, stderr)
     no_traceback(stderr)
     assert not (out / ".lock").exists()
-    if (out / "last.pt").exists():  # the step ended first: saved, and said so
-        step = checkpoint.read(out / "last.pt").step
-        assert f"interrupted at step {step}; saved {out}/last.pt" in stdout and "resume with" in stdout, stdout
+    if (out / LAST).exists():  # the step ended first: saved, and said so
+        step = checkpoint.read(out / LAST).step
+        assert f"interrupted at step {step}; saved {out}/{LAST}" in stdout and "resume with" in stdout, stdout
     else:
         assert "interrupted at step " in stdout and "; nothing saved" in stdout, stdout
         assert "resume with" not in stdout

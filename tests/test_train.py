@@ -14,6 +14,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from charlm import checkpoint, files
+from charlm.checkpoint import BEST, LAST
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
 from charlm.errors import CheckpointError, ConfigError
@@ -120,7 +121,7 @@ def test_metrics_log_continues_across_a_resume(corpus, tmp_path):
     )
     elapsed = [r["elapsed"] for r in rows]
     assert elapsed == sorted(elapsed)  # time trained accumulates across sessions
-    last = checkpoint.read(tmp_path / "run" / "last.pt")
+    last = checkpoint.read(tmp_path / "run" / LAST)
     assert last.step == 16 and last.best_val_loss == min(r["val_loss"] for r in rows)
 
 
@@ -154,7 +155,7 @@ def test_sigint_saves_at_a_step_boundary_and_resumes_exactly(corpus, tmp_path):
         hook.remove()
     assert e.value.result.step == 6 and e.value.result.stopped == "interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert checkpoint.read(tmp_path / "run" / "last.pt").step == 6
+    assert checkpoint.read(tmp_path / "run" / LAST).step == 6
     resumed = make(corpus, tmp_path / "run", dropout=0.1, resume=True)
     resumed.fit()
     assert_bit_identical(weights(resumed.model), weights(whole.model))
@@ -168,7 +169,7 @@ def test_second_sigint_stops_at_once(corpus, tmp_path):
 
     with pytest.raises(TrainingInterrupted) as e:
         make(corpus, tmp_path / "run", on_event=two_interrupts).fit()
-    assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-done was saved
+    assert not (tmp_path / "run" / LAST).exists()  # nothing half-done was saved
     assert e.value.result.step == 2 and e.value.saved_step is None  # and the exception says so
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -217,19 +218,19 @@ def test_a_kill_between_any_two_writes_leaves_files_that_agree(corpus, tmp_path,
             continue
         except Killed:
             pass
-        if not (run / "last.pt").exists():  # killed before the first commit: a new run starts over
+        if not (run / LAST).exists():  # killed before the first commit: a new run starts over
             make(corpus, run, steps=12, eval_interval=3).fit()
         else:
-            last = checkpoint.read(run / "last.pt")
-            best = checkpoint.read(run / "best.pt")
-            assert best.best_val_loss <= last.best_val_loss, f"best.pt is behind last.pt after write {kill_at}"
+            last = checkpoint.read(run / LAST)
+            best = checkpoint.read(run / BEST)
+            assert best.best_val_loss <= last.best_val_loss, f"{BEST} is behind {LAST} after write {kill_at}"
             logged = [(r["step"], r["val_loss"]) for r in metric_rows(run) if r["step"] <= last.step]
             assert logged == [row for row in want_rows if row[0] <= last.step], kill_at
             assert min(v for _, v in logged) == last.best_val_loss
             if last.step < 12:  # (killed after its very last write, the run is complete)
                 make(corpus, run, steps=12, eval_interval=3, resume=True).fit()
         assert [(r["step"], r["val_loss"]) for r in metric_rows(run)] == want_rows, kill_at
-        for name in ("best.pt", "last.pt"):
+        for name in (BEST, LAST):
             assert_bit_identical(
                 checkpoint.read(run / name).model, checkpoint.read(tmp_path / "whole" / name).model, name
             )
@@ -243,7 +244,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
     """The message names the weight gone bad in the words a load of it would use (issue 20)."""
     run = make(corpus, tmp_path / "run")
     run.fit(until=5)
-    last, best = (tmp_path / "run" / "last.pt").read_bytes(), (tmp_path / "run" / "best.pt").read_bytes()
+    last, best = (tmp_path / "run" / LAST).read_bytes(), (tmp_path / "run" / BEST).read_bytes()
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     with torch.no_grad():
         run.model.blocks[0].mlp.fc.weight.fill_(float("nan"))  # the weights blow up
@@ -254,8 +255,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
         r"checkpoint in .*run was kept; try a lower --lr \(now 0.01\)",
     ):
         run.fit()
-    assert (tmp_path / "run" / "last.pt").read_bytes() == last
-    assert (tmp_path / "run" / "best.pt").read_bytes() == best
+    assert (tmp_path / "run" / LAST).read_bytes() == last
+    assert (tmp_path / "run" / BEST).read_bytes() == best
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
     assert math.isfinite(checkpoint.load(tmp_path / "run").model(torch.zeros(1, 4, dtype=torch.long))[0].sum().item())
 
@@ -265,14 +266,14 @@ def test_infinite_gradient_norm_stops_before_the_weights_are_touched(corpus, tmp
     to zero, AdamW still moved the weights, and the next evaluation saved the diverged model as last.pt."""
     run = make(corpus, tmp_path / "run")
     run.fit(until=5)
-    last = (tmp_path / "run" / "last.pt").read_bytes()
+    last = (tmp_path / "run" / LAST).read_bytes()
     with torch.no_grad():
         run.model.norm.weight.fill_(1e30)  # logits ~1e29: the loss is finite, the squared gradients are not
     before = weights(run.model)
     with pytest.raises(TrainingDiverged, match=r"the gradient norm became inf \(loss .*e\+\d\d\) at step 6"):
         run.fit()
     assert_bit_identical(weights(run.model), before)
-    assert (tmp_path / "run" / "last.pt").read_bytes() == last
+    assert (tmp_path / "run" / LAST).read_bytes() == last
 
 
 def test_divergence_before_any_checkpoint_leaves_nothing_behind(corpus, tmp_path):
@@ -294,7 +295,7 @@ def test_divergence_before_any_checkpoint_leaves_nothing_behind(corpus, tmp_path
 def test_time_budget_stops_the_run_and_saves(corpus, tmp_path):
     result = make(corpus, tmp_path / "run", steps=1_000_000, max_time=0.5).fit()
     assert result.stopped == "time" and 0.5 <= result.train_seconds < 30
-    assert checkpoint.read(tmp_path / "run" / "last.pt").step == result.step > 0
+    assert checkpoint.read(tmp_path / "run" / LAST).step == result.step > 0
 
 
 def test_lr_schedule():
@@ -343,7 +344,7 @@ def test_resume_without_or_with_a_broken_checkpoint(corpus, tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         make(corpus, tmp_path / "nothing", resume=True)
     make(corpus, tmp_path / "run").fit(until=2)
-    last = tmp_path / "run" / "last.pt"
+    last = tmp_path / "run" / LAST
     last.write_bytes(last.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         make(corpus, tmp_path / "run", resume=True)
@@ -411,6 +412,6 @@ def test_the_trainer_writes_the_samples_and_they_leave_training_alone(corpus, tm
     assert_bit_identical(weights(with_samples.model), weights(without.model))
     samples = [e.sample for e in events if isinstance(e, Evaluated)]
     assert len(samples) == 2 and all(isinstance(s, str) and s for s in samples)
-    ckpt = checkpoint.load(tmp_path / "a" / "last.pt")  # the final sample is the saved model's, seeded by --seed
+    ckpt = checkpoint.load(tmp_path / "a" / LAST)  # the final sample is the saved model's, seeded by --seed
     want = Streamer(ckpt.model, ckpt.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=30, seed=1337))
     assert result.sample == want
