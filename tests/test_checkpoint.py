@@ -11,6 +11,7 @@ import struct
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -130,6 +131,26 @@ def test_interop_the_weights_open_with_safetensors_alone(saved):
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "torch.Size([23, 32])"
+
+
+def test_an_int8_run_holds_int8_tensors_as_any_safetensors_reader_sees_them(saved, tmp_path):
+    """charlm compress --bits 8 writes int8 matrices with float32 scales beside them: what safetensors' numpy
+    reader (no torch, no charlm) finds in the file."""
+    from safetensors.numpy import load_file as load_numpy
+
+    from charlm.commands.compress import compress
+    from charlm.options import CompressOptions
+
+    compress(str(saved.parent), CompressOptions(to=str(tmp_path / "int8"), bits=8, tokens=64))
+    arrays = load_numpy(tmp_path / "int8" / BEST)
+    values, scales = (
+        arrays["quantized.blocks.0.attn.qkv.weight.values"],
+        arrays["quantized.blocks.0.attn.qkv.weight.scales"],
+    )
+    assert values.dtype == np.int8 and values.shape == (96, 32) and scales.dtype == np.float32 and scales.shape == (96,)
+    assert "blocks.0.attn.qkv.weight" not in arrays and arrays["norm.weight"].dtype == np.float32  # norms stay float
+    w = checkpoint.load(tmp_path / "int8").model.state_dict()["blocks.0.attn.qkv.weight"].numpy()
+    np.testing.assert_allclose(w, values * scales[:, None], rtol=1e-6)  # what every command computes with
 
 
 def test_save_is_atomic(saved):
