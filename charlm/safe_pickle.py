@@ -1,8 +1,9 @@
-"""Reading a file torch.save wrote, safely: its zip archive checked before use (no compressed or doubled
-entries, every CRC), its data.pkl read without torch and without running code (HeaderUnpickler: plain values,
-every tensor a TensorInfo, the opcodes a small crafted file could abuse refused), the tree it gives bounded in
-size, depth, text and numbers (check_tree); and torch.load(weights_only=True) with every failure one clear
-CheckpointError. checkpoint.py owns what the file means; this module only reads it.
+"""Reading a checkpoint of an older charlm (best.pt, last.pt: torch.save's zip archives, before safetensors),
+safely: its zip archive checked before use (no compressed or doubled entries, every CRC), its data.pkl read
+without torch and without running code (HeaderUnpickler: plain values, every tensor a TensorInfo, the opcodes a
+small crafted file could abuse refused), the tree it gives bounded in size, depth, text and numbers (check_tree;
+the safetensors reader bounds its metadata with it too); and torch.load(weights_only=True) with every failure
+one clear CheckpointError. checkpoint.py owns what the file means; this module only reads it.
 """
 
 from __future__ import annotations
