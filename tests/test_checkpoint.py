@@ -560,6 +560,11 @@ def test_resuming_an_older_charlms_last_pt_is_one_clear_line(saved, tmp_path):
     assert r.exit_code == 1 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
     assert f"{old / OLD_LAST} was written by an earlier charlm (before safetensors)" in r.stderr
     assert "not resumed; train a new run with another --out" in r.stderr
+    r = CliRunner().invoke(main, ["train", str(tmp_path / "romeo.txt"), "--out", str(old)])  # nor a new run into it
+    assert (
+        r.exit_code == 1
+        and f"{old} already holds a run of an earlier charlm (last.pt): choose another --out" in r.stderr
+    )
     assert sorted(p.name for p in old.iterdir()) == [OLD_LAST]  # nothing written beside it
 
 

@@ -164,7 +164,9 @@ def resume_command(corpus: str, out: Path) -> str:
 
 
 def check_unused(out: Path) -> None:
-    if checkpoint.last_of(out):
+    if last := checkpoint.last_of(out):
+        if last.name == checkpoint.OLD_LAST:  # (--resume would refuse it: see resume.resume_run)
+            raise ConfigError(f"{out} already holds a run of an earlier charlm ({last.name}): choose another --out")
         raise ConfigError(f"{out} already holds a run: add --resume to continue it, or choose another --out")
     # another run's files without a last checkpoint (a run killed before its first one, or copied in): a new
     # run would rewrite them and mix its own lines into that log
