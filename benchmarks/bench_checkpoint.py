@@ -11,7 +11,8 @@ wrote the training state into best too, so its best.pt is shown as it was). Each
 process (interleaved round by round: a busy machine hurts every variant alike), median over the rounds:
   load     checkpoint.load(path): every check, then a ready model (what sample/chat/eval do first)
   header   checkpoint.read_header(path): what info and runs do, without torch
-  peak     the process's peak RSS growth over the call (ru_maxrss after - before, MB), torch already imported
+  peak     the process's peak resident memory during the call over its resident memory before it (MB; Linux's
+           VmHWM, reset before the call), torch already imported: the mapped file's pages count too
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 MEASURE = """
-import json, resource, sys, time
+import json, sys, time
 import torch
 from charlm import checkpoint
+def status(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) / 1024
 what, path = sys.argv[1], sys.argv[2]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from here
+before = status("VmRSS")
 t0 = time.perf_counter()
-(checkpoint.load if what == "load" else checkpoint.read_header)(path)
+loaded = (checkpoint.load if what == "load" else checkpoint.read_header)(path)
 seconds = time.perf_counter() - t0
-peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-print(json.dumps({"s": seconds, "peak_mb": peak}))
+print(json.dumps({"s": seconds, "peak_mb": status("VmHWM") - before}))
 """
 
 

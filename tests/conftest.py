@@ -144,9 +144,11 @@ def saved_model(model, chars: str, **fields) -> Saved:
 
 def stored_payload(path: Path) -> dict:
     """A checkpoint file's fields as stored (plain values; tensors as they lie in the file: int8 weights stay
-    int8), to tamper with and write again with checkpoint.save."""
+    int8), to tamper with and write again with checkpoint.save (or torch.save, as an older charlm did)."""
     from safetensors.torch import load_file
 
+    if not safetensors_file.is_safetensors(Path(path)):  # an older charlm's .pt
+        return torch.load(path, weights_only=True)
     header = safetensors_file.Header(Path(path))
     return safetensors_file.with_tensors(header.payload(), load_file(path))
 

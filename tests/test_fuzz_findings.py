@@ -24,7 +24,7 @@ import torch
 from conftest import cli, legacy_payload, one_line_error, saved_model
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import LAST, Saved
+from charlm.checkpoint import OLD_LAST, Saved
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import CheckpointError
 from charlm.generate import sample_next_token, sampling_probs
@@ -36,14 +36,16 @@ from charlm.tokenizer import BPETokenizer, tokenizer_from_json
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    """A run directory with a valid last.pt: a transformer of 1 layer × 4 with a 3-character vocabulary."""
+    """A run directory with a valid last.pt of an older charlm (torch.save's archive, what these findings are
+    about): a transformer of 1 layer × 4 with a 3-character vocabulary."""
     run = tmp_path_factory.mktemp("fuzz") / "run"
+    run.mkdir()
     torch.manual_seed(0)
     cfg = ModelConfig(kind="transformer", vocab_size=3, n_layers=1, d_model=4, n_heads=2, context=4)
     model = build_model(cfg)
     saved = saved_model(model, "ab\n")
-    checkpoint.save(saved, run / LAST)
-    return run / LAST
+    torch.save({**saved.to_payload(), "version": 2}, run / OLD_LAST)
+    return run / OLD_LAST
 
 
 def tampered(base: Path, dest: Path, **changes) -> Path:
@@ -342,7 +344,7 @@ def test_values_out_of_range_are_one_line_everywhere(tiny, tmp_path, changes, me
     print a message of two lines, or accept the file and fail further on; now each is refused on reading, and
     `charlm runs` shows the run as unreadable."""
     run = tmp_path / "runs" / "bad"
-    bad = tampered(tiny, run / LAST, **changes)
+    bad = tampered(tiny, run / OLD_LAST, **changes)
     refused(bad, message)
     one_line_error(cli("info", bad), message)
     r = cli("runs", run.parent)
@@ -447,7 +449,7 @@ def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
 def test_info_says_what_it_skipped_of_a_damaged_metrics_file(tiny, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / LAST).write_bytes(tiny.read_bytes())
+    (run / OLD_LAST).write_bytes(tiny.read_bytes())
     row = {"step": 1, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": 0.1}
     (run / "metrics.jsonl").write_bytes(json.dumps(row).encode() + b"\n\xff torn")
     r = cli("info", run)
@@ -472,7 +474,7 @@ def test_a_run_named_with_undecodable_bytes_prints_on_a_strict_utf8_terminal(tin
     root = tmp_path / "ckpts"
     run = Path(os.fsdecode(bytes(root) + b"/run\xff"))
     run.mkdir(parents=True)
-    (run / LAST).write_bytes(tiny.read_bytes())
+    (run / OLD_LAST).write_bytes(tiny.read_bytes())
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "CHARLM_DEBUG": ""}
     for args in (["info", str(run)], ["runs", str(root)]):
         proc = subprocess.run([sys.executable, "-m", "charlm", *args], capture_output=True, text=True, env=env)
