@@ -53,7 +53,7 @@ def check_writable(out: Path) -> None:
             pass
     except OSError as e:
         raise ConfigError(
-            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+            f"cannot write to {out}: {probe} is not writable ({files.reason(e)}); choose another --out"
         ) from None
 
 
@@ -99,7 +99,7 @@ class RunLock:
             except OSError as e:
                 self._remove_created()
                 raise ConfigError(
-                    f"{self.path} is not a lock file charlm can use ({e.strerror}): remove it, or choose another --out"
+                    f"{self.path} is not a lock file charlm can use ({files.reason(e)}): remove it, or choose another --out"
                 ) from None
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,14 +281,16 @@ def read_metrics(run: Path) -> Metrics:
     if not path.is_file():
         raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
     try:
-        with open(path, "rb") as f:  # (is_file: a regular file, or a link to one; never /dev/zero)
+        with files.open_read(path, "metrics") as f:  # a regular file, or a link to one; never /dev/zero
             size = os.fstat(f.fileno()).st_size
             if size > METRICS_READ:  # the latest evaluations only: a file this large is no run's own
                 f.seek(size - METRICS_READ)
                 f.readline()  # the rest of a line cut by the seek
             lines = f.read(METRICS_READ).splitlines()
+    except files.ReadError as e:
+        raise ConfigError(str(e)) from None
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {path}: {files.reason(e)}") from None
     metrics = Metrics(path, [], left_out=max(0, size - METRICS_READ))
     for line in lines:
         if not line.strip():
@@ -321,7 +323,7 @@ def usual_speed(key: str, tokens_per_s: float | None, path: Path) -> float | Non
     (JSON: key -> tokens/s), which then records this run's speed. None the first time. A damaged or
     unwritable file starts afresh: a speed record is never worth an error."""
     try:
-        best = json.loads(files.read_bounded(path, 16 << 20, "speed record"))
+        best = json.loads(files.read_bounded(path, 16 << 20, "speed record", links=False))
     except (ValueError, RecursionError):  # (read_bounded's errors are ValueErrors)
         best = {}
     best = best if isinstance(best, dict) else {}
