@@ -200,10 +200,13 @@ def resume_configs(
                 f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
                 "drop the flag, or start a new run with another --out"
             )
+    if "teacher" in given and train_cfg.teacher is not None and old_train.teacher_sha256 is not None:
+        # a teacher named again is the recorded one if it is the same file, however it is named from here
+        train_cfg = replace(train_cfg, teacher=teacher_file(train_cfg.teacher))
     changes = {}
     for f in fields(TrainConfig):
-        if f.name not in given and "preset:" + f.name not in given:
-            continue
+        if (f.name not in given and "preset:" + f.name not in given) or f.metadata.get("recorded"):
+            continue  # (a recorded field is the run's own: distill records its teacher's hash)
         new, old = getattr(train_cfg, f.name), getattr(old_train, f.name)
         if f.metadata.get("resumable"):
             changes[f.name] = new
@@ -223,6 +226,13 @@ def resume_configs(
             "give a larger --max-time (the total) or --steps to train on"
         )
     return old_model, new_train
+
+
+def teacher_file(name: str) -> str:
+    """The checkpoint file a --teacher names, as a distilled run records it: absolute and free of links."""
+    from charlm import checkpoint  # (as in describe: only this needs it)
+
+    return str(checkpoint.resolve(name).resolve())
 
 
 # ---- listing (`charlm runs`) ---------------------------------------------------------------------

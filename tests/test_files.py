@@ -44,7 +44,11 @@ def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path):
         (tmp_path, True, f"record {tmp_path} is a directory, not a regular file"),
         (Path("/dev/zero"), True, "record /dev/zero is a device, not a regular file"),
         (tmp_path / "absent", True, f"cannot read record {tmp_path / 'absent'}: it does not exist"),
-        (target / "below", True, f"cannot read record {target / 'below'}: a part of its path is a file, not a directory"),
+        (
+            target / "below",
+            True,
+            f"cannot read record {target / 'below'}: a part of its path is a file, not a directory",
+        ),
     ]
     for path, links, message in cases:
         with pytest.raises(files.ReadError) as e:
