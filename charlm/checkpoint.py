@@ -47,6 +47,8 @@ def save(saved: Saved | dict, path: str | Path) -> None:
 def resolve(path: str | Path) -> Path:
     """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
     p = Path(path)
+    if not str(path).strip():  # Path("") is ".": an empty name would open whatever run is in this directory
+        raise CheckpointError("the checkpoint name is empty: give a run's name, its directory or a checkpoint file")
     if not p.exists():
         raise CheckpointError(f"no such checkpoint: {p}")
     if p.is_dir():
