@@ -161,7 +161,7 @@ def cache_dir() -> Path:
     ~/.cache/charlm. A relative CHARLM_CACHE is refused: it would be a different cache in every directory
     (and a quoted '~/x' a directory named '~')."""
     if given := os.environ.get("CHARLM_CACHE"):
-        path = Path(given).expanduser()
+        path = Path(os.path.expanduser(given))  # (Path.expanduser raises for an unknown ~user)
         if not path.is_absolute():
             raise ConfigError(
                 f"CHARLM_CACHE must be an absolute path, got {shown(given)}: set it to one, e.g. ~/.cache/charlm"

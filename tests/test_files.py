@@ -129,3 +129,43 @@ def test_a_fifo_as_the_speed_record_never_hangs_train(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 50
+
+
+# ---- where the cache is ------------------------------------------------------------------------------------
+
+
+def test_charlm_cache_expands_a_tilde_and_refuses_a_relative_path(tmp_path, monkeypatch):
+    """Regression (issue 38): CHARLM_CACHE='~/x' (quoted, so no shell expanded it) made a directory named '~'
+    in the current directory. A leading ~ is now expanded; a path still relative is refused in one line (a
+    relative cache would be another cache in every directory)."""
+    from charlm.data import cache_dir
+    from charlm.errors import ConfigError
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CHARLM_CACHE", "~/x")
+    assert cache_dir() == tmp_path / "home" / "x"
+    for relative in ("cache", "./cache", "~nosuchuser0/cache"):
+        monkeypatch.setenv("CHARLM_CACHE", relative)
+        with pytest.raises(ConfigError) as e:
+            cache_dir()
+        assert (
+            str(e.value)
+            == f"CHARLM_CACHE must be an absolute path, got '{relative}': set it to one, e.g. ~/.cache/charlm"
+        )
+
+
+def test_train_with_a_quoted_tilde_cache_writes_under_home(tmp_path):
+    corpus = tmp_path / "citizens.txt"
+    corpus.write_text(CITIZENS, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": "~/cache", "HOME": str(tmp_path / "home")}
+    args = ["train", corpus, "--out", tmp_path / "run", *TINY, "--steps", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert any((tmp_path / "home" / "cache" / "tokens").iterdir()) and not (tmp_path / "~").exists()
