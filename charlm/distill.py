@@ -71,7 +71,7 @@ def _identify(cfg: TrainConfig) -> tuple[Path, str]:
         return file, files.sha256(file, "teacher")
     file = Path(cfg.teacher)
     redo = "put it back, or train a new run with another --out"
-    if not file.is_file():
+    if not file.exists():  # (a FIFO or a directory there: files.sha256 below says which)
         raise ConfigError(f"--resume: this run distils from the teacher {file}, which is no longer there: {redo}")
     try:
         sha = files.sha256(file, "teacher")

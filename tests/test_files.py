@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import CITIZENS, TINY
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from charlm import files
 
@@ -169,3 +171,47 @@ def test_train_with_a_quoted_tilde_cache_writes_under_home(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert any((tmp_path / "home" / "cache" / "tokens").iterdir()) and not (tmp_path / "~").exists()
+
+
+# ---- properties: any file of any kind ------------------------------------------------------------------------
+
+EXAMPLES = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", 200))  # more for a long fuzzing run (RESULTS.md)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
+@given(
+    kind=st.sampled_from(["file", "link", "fifo", "dir", "absent", "link to fifo", "dangling link", "under a file"]),
+    data=st.binary(max_size=300),
+    limit=st.integers(0, 400),
+    links=st.booleans(),
+)
+def test_any_path_is_its_bytes_or_one_line(tmp_path_factory, kind, data, limit, links):
+    """read_bounded on anything a path can be: the file's bytes when it is a regular file (through a link
+    where links are allowed) no larger than the limit; else a ReadError of one line naming the path. Never
+    a wait, never another exception."""
+    d = tmp_path_factory.mktemp("any")
+    target, path = d / "target", d / "path"
+    target.write_bytes(data)
+    if kind == "file":
+        path.write_bytes(data)
+    elif kind == "link":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "link to fifo":
+        os.mkfifo(d / "fifo")
+        path.symlink_to(d / "fifo")
+    elif kind == "dangling link":
+        path.symlink_to(d / "nothing")
+    elif kind == "under a file":
+        path = target / "below"
+    readable = kind == "file" or (kind == "link" and links)
+    try:
+        got = files.read_bounded(path, limit, "record", links=links)
+    except files.ReadError as e:
+        assert "\n" not in str(e) and str(path) in str(e)
+        assert not readable or len(data) > limit
+        return
+    assert readable and got == data and len(got) <= limit

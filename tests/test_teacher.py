@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import shutil
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from charlm import checkpoint
 from charlm.config import ModelConfig
+from charlm.distill import _identify
 from charlm.errors import ConfigError
 from charlm.resume import resume_run
 from charlm.train import Trainer
@@ -114,3 +118,49 @@ def test_the_lowest_temperature_gives_a_finite_loss(cmp_runs, cmp_corpus, tmp_pa
     x, y = trainer.batches.get_batch("train", 4, torch.Generator().manual_seed(0), "cpu")
     logits, ce = trainer.model(x, y)
     assert math.isfinite(float(trainer.teacher.loss(x, y, logits * 1000, ce).detach()))  # even far from the teacher
+
+
+EXAMPLES = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", 100))  # more for a long fuzzing run (RESULTS.md)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
+@given(
+    what=st.sampled_from(["same", "flipped", "cut", "grown", "gone", "dir", "fifo", "link to same", "other run"]),
+    at=st.integers(0, 10**9),
+    recorded=st.sampled_from(["true", "other"]) | st.text("0123456789abcdef", min_size=64, max_size=64),
+)
+def test_any_teacher_on_resume_is_the_recorded_bytes_or_one_line(cmp_runs, tmp_path_factory, what, at, recorded):
+    """Whatever is at the recorded path on resume, and whatever hash the run recorded: the teacher is used
+    only when its bytes are the ones recorded; else one line that names the file and says what to do."""
+    original = (cmp_runs["tf"] / "best.pt").read_bytes()
+    true_sha = hashlib.sha256(original).hexdigest()
+    sha = {"true": true_sha, "other": hashlib.sha256(b"other").hexdigest()}.get(recorded, recorded)
+    d = tmp_path_factory.mktemp("teacher")
+    path = d / "best.pt"
+    if what in ("same", "flipped", "cut", "grown"):
+        data = bytearray(original)
+        if what == "flipped":
+            data[at % len(data)] ^= 1 << (at % 8)
+        elif what == "cut":
+            del data[at % len(data) :]
+        elif what == "grown":
+            data += b"\0"
+        path.write_bytes(bytes(data))
+    elif what == "dir":
+        path.mkdir()
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "link to same":
+        (d / "real.pt").write_bytes(original)
+        path.symlink_to(d / "real.pt")
+    elif what == "other run":
+        shutil.copy(cmp_runs["lstm"] / "best.pt", path)
+    cfg = tiny_train(2, teacher=str(path), teacher_sha256=sha)
+    try:
+        file, got = _identify(cfg)
+    except ConfigError as e:
+        text = str(e)
+        assert "\n" not in text and str(path) in text and "another --out" in text, text
+        assert not (what in ("same", "link to same") and sha == true_sha)
+        return
+    assert got == sha == true_sha and file == path and file.read_bytes() == original
