@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pexpect
 import pytest
 from conftest import CITIZENS, TINY
 from hypothesis import given, settings
@@ -215,3 +216,20 @@ def test_any_path_is_its_bytes_or_one_line(tmp_path_factory, kind, data, limit, 
         assert not readable or len(data) > limit
         return
     assert readable and got == data and len(got) <= limit
+
+
+def test_a_fifo_as_chat_history_never_hangs_chat(cmp_runs, chat_pty, tmp_path):
+    """chat's history lives in the cache (chat_history): a FIFO there blocked readline's open before the
+    first prompt, for ever. Now chat starts without a history and leaves the FIFO as it was."""
+    import stat
+
+    (tmp_path / "cache").mkdir()
+    os.mkfifo(tmp_path / "cache" / "chat_history")
+    child = chat_pty(cmp_runs["tf"], "--max-tokens", "3")
+    child.expect_exact(">>> ", timeout=60)
+    child.sendline("the")
+    child.expect_exact(">>> ", timeout=60)
+    child.sendeof()
+    child.expect(pexpect.EOF, timeout=60)
+    child.close()
+    assert child.exitstatus == 0 and stat.S_ISFIFO(os.lstat(tmp_path / "cache" / "chat_history").st_mode)
