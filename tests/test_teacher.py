@@ -120,10 +120,11 @@ def test_the_lowest_temperature_gives_a_finite_loss(cmp_runs, cmp_corpus, tmp_pa
     assert math.isfinite(float(trainer.teacher.loss(x, y, logits * 1000, ce).detach()))  # even far from the teacher
 
 
+FUZZING = "CHARLM_HYPOTHESIS_EXAMPLES" in os.environ  # a long run: more examples, fresh ones each run
 EXAMPLES = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", 100))  # more for a long fuzzing run (RESULTS.md)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not FUZZING, database=None)
 @given(
     what=st.sampled_from(["same", "flipped", "cut", "grown", "gone", "dir", "fifo", "link to same", "other run"]),
     at=st.integers(0, 10**9),
