@@ -57,6 +57,8 @@ def last_of(run: Path) -> Path | None:
 def resolve(path: str | Path) -> Path:
     """A checkpoint file, or a run directory (its best, else its last; an older charlm's best.pt, last.pt after)."""
     p = Path(path)
+    if not str(path).strip():  # Path("") is ".": an empty name would open whatever run is in this directory
+        raise CheckpointError("the checkpoint name is empty: give a run's name, its directory or a checkpoint file")
     if not p.exists():
         raise CheckpointError(f"no such checkpoint: {p}")
     if p.is_dir():

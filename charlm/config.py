@@ -9,7 +9,8 @@ What each command takes beside these is in options.py; the presets' sizes in pre
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+import re
+from dataclasses import asdict, dataclass, field, fields
 
 from charlm.settings import (
     Validated,
@@ -41,6 +42,7 @@ DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
+MIN_DISTILL_T = 0.1  # --distill-temperature: below it the soft targets are the argmax (TrainConfig.validate)
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
 # the largest counts a run's flags take: far beyond any run, and numbers every checkpoint can hold (64 bits)
 MAX_STEPS = 10**12
@@ -231,6 +233,9 @@ class TrainConfig(Validated):
     teacher: str | None = flag(
         None, "Distil from this checkpoint (a file or run directory; same tokenizer).", section="Distillation"
     )
+    # the sha256 of the teacher's file, which the run records (with teacher as its absolute path) once it has
+    # loaded it: a resume distils from that file or refuses (distill.Teacher); never set by a caller
+    teacher_sha256: str | None = field(default=None, metadata=dict(flag=False, recorded=True))
     distill_temperature: float = flag(
         2.0, "Temperature of the teacher's and student's distributions.", section="Distillation"
     )
@@ -294,12 +299,17 @@ class TrainConfig(Validated):
             0 <= self.sample_tokens <= MAX_ITERS,
             f"--sample-tokens must be between 0 and 1000000, got {shown(self.sample_tokens)}",
         )
-        check(
-            0 < self.distill_temperature <= 100,
-            f"--distill-temperature must be above 0 and at most 100, got {self.distill_temperature}",
+        check(  # below 0.1 the soft targets are the teacher's argmax and the T²-scaled term is lost in rounding;
+            # at 1e-40, logits / T overflow and the first step's loss is NaN
+            MIN_DISTILL_T <= self.distill_temperature <= 100,
+            f"--distill-temperature must be between {MIN_DISTILL_T} and 100, got {shown(self.distill_temperature)}",
         )
         check(0 <= self.distill_weight <= 1, f"--distill-weight must be between 0 and 1, got {self.distill_weight}")
         check_paths(self, "teacher")
+        check(
+            self.teacher_sha256 is None or re.fullmatch(r"[0-9a-f]{64}", self.teacher_sha256) is not None,
+            f"the teacher's recorded sha256 is not one, got {shown(self.teacher_sha256)}",
+        )
         check_seed(self.seed)
         return self
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from charlm import files
-from charlm.errors import UserError
+from charlm.errors import ConfigError, UserError
+from charlm.settings import shown
 from charlm.tokenizer import BPETokenizer, CharTokenizer, UnknownCharactersError, tokenizer_from_json, train_tokenizer
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ def _check_file(path: Path) -> None:
         raise CorpusError(f"{path} is empty; give a file with some text in it")
 
 
+def _open_text(path: Path):
+    """The corpus file opened through files.open_read: never waits on a FIFO swapped in after the checks."""
+    try:
+        return files.open_read(path, "corpus")
+    except files.ReadError as e:
+        raise CorpusError(str(e)) from None
+
+
 def _looks_binary(head: bytes) -> bool:
     # NULs never occur in real text; lots of other control bytes means an image, archive, etc.
     controls = sum(head.count(bytes([b])) for b in (*range(0, 8), *range(14, 27), *range(28, 32)))
@@ -63,7 +72,7 @@ def iter_corpus(path: str | os.PathLike, chunk_chars: int = 1 << 20, digest=None
     _check_file(path)
     decoder = codecs.getincrementaldecoder("utf-8")()
     buf, carry, offset, first, any_text = "", "", 0, True, False
-    with open(path, "rb") as f:
+    with _open_text(path) as f:
         head = f.read(8192)
         if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
             raise CorpusError(f"{path} is UTF-16 text, not UTF-8; convert it, e.g. iconv -f utf-16 -t utf-8")
@@ -109,11 +118,10 @@ def iter_corpus(path: str | os.PathLike, chunk_chars: int = 1 << 20, digest=None
 def corpus_sha256(path: str | os.PathLike) -> str:
     path = Path(path)
     _check_file(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:  # hashlib.file_digest would do this, but only from Python 3.11
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+    try:
+        return files.sha256(path, "corpus")
+    except files.ReadError as e:
+        raise CorpusError(str(e)) from None
 
 
 BPE_SAMPLE_BYTES = 16 << 20  # BPE merges are learnt from at most this much text (see sample_corpus)
@@ -133,7 +141,7 @@ def sample_corpus(path: str | os.PathLike, max_bytes: int = BPE_SAMPLE_BYTES, wi
         yield from iter_corpus(path)
         return
     window = max(1, max_bytes // windows)
-    with open(path, "rb") as f:
+    with _open_text(path) as f:
         for i in range(windows):
             f.seek(i * (size - window) // max(windows - 1, 1))  # the first window at the start, the last at the end
             block = f.read(window)
@@ -149,8 +157,16 @@ def sample_corpus(path: str | os.PathLike, max_bytes: int = BPE_SAMPLE_BYTES, wi
 
 
 def cache_dir() -> Path:
-    if os.environ.get("CHARLM_CACHE"):
-        return Path(os.environ["CHARLM_CACHE"])
+    """$CHARLM_CACHE (a leading ~ expanded, as a shell would have), else $XDG_CACHE_HOME/charlm or
+    ~/.cache/charlm. A relative CHARLM_CACHE is refused: it would be a different cache in every directory
+    (and a quoted '~/x' a directory named '~')."""
+    if given := os.environ.get("CHARLM_CACHE"):
+        path = Path(os.path.expanduser(given))  # (Path.expanduser raises for an unknown ~user)
+        if not path.is_absolute():
+            raise ConfigError(
+                f"CHARLM_CACHE must be an absolute path, got {shown(given)}: set it to one, e.g. ~/.cache/charlm"
+            )
+        return path
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "charlm"
 
@@ -216,10 +232,10 @@ def cached_tokens(path: Path, tokenizer: Tokenizer, sha256: str) -> np.ndarray |
     otherwise (absent, cut short, replaced, damaged): the caller encodes the corpus again. (Reading it all
     once costs ~0.1 s for 100 MB of text.)"""
     try:
-        record = json.loads(files.read_bounded(path.with_suffix(".json"), CACHE_RECORD_BYTES, "token cache record"))
-        if files.not_regular(path):
-            return None
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        record = json.loads(
+            files.read_bounded(path.with_suffix(".json"), CACHE_RECORD_BYTES, "token cache record", links=False)
+        )
+        tokens = load_tokens(path, links=False)
     except Exception:  # numpy's reader of a damaged header raises ValueError, EOFError, SyntaxError, TokenError...
         return None  # whatever it is, the entry is rebuilt
     if (
@@ -288,14 +304,26 @@ def encode_corpus(
     return out
 
 
-def load_tokens(path: str | os.PathLike) -> np.ndarray:
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+def load_tokens(path: str | os.PathLike, links: bool = True) -> np.ndarray:
+    """A .npy array of token ids, memory-mapped from the file files.open_read opened and checked (np.load
+    would open the path again, and wait for ever on a FIFO put there)."""
+    with files.open_read(path, "token cache", links) as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read_header:
+            raise ValueError(f"token cache {path} is a .npy file of version {version}, not one charlm writes")
+        shape, fortran, dtype = read_header[version](f)
+        if dtype.hasobject or fortran:
+            raise ValueError(f"token cache {path} does not hold token ids")
+        if math.prod(shape) == 0:
+            return np.empty(shape, dtype)
+        return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
 
 
 def _cached_tokenizer(path: Path) -> Tokenizer | None:
     """The tokenizer cached at path, or None where there is none or it is not one (damaged, cut short)."""
     try:
-        return tokenizer_from_json(files.read_bounded(path, 64 << 20, "tokenizer cache").decode("utf-8"))
+        return tokenizer_from_json(files.read_bounded(path, 64 << 20, "tokenizer cache", links=False).decode("utf-8"))
     except (ValueError, UnicodeDecodeError):  # read_bounded's errors (absent, a FIFO...) are ValueErrors too
         return None
 

@@ -9,6 +9,7 @@ Checkpoints, the token and tokenizer caches, metrics.jsonl and chat's /save all 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -36,14 +37,48 @@ class WriteError(UserError):
         self.full = full  # the disk or the quota is full: freeing space helps (nothing else does otherwise)
 
 
+# an OSError in charlm's words: the operating system's own (strerror: "Not a directory", "File exists") read
+# wrongly inside our sentences, and differ between systems and languages
+_REASONS = {
+    errno.ENOENT: "it does not exist",
+    errno.ENOTDIR: "a part of its path is a file, not a directory",
+    errno.EISDIR: "it is a directory",
+    errno.EEXIST: "something else is already there",
+    errno.EACCES: "permission is denied",
+    errno.EPERM: "permission is denied",
+    errno.ELOOP: "a symbolic link (or a loop of them) is in the way",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the file system is read-only",
+    errno.ENAMETOOLONG: "its name is too long",
+    errno.EIO: "the disk reported an input/output error",
+    errno.EMFILE: "too many files are open",
+    errno.ENFILE: "too many files are open",
+    errno.EBUSY: "it is in use",
+    errno.ETXTBSY: "it is in use",
+    errno.ENXIO: "it is a device or FIFO nothing is attached to",
+    errno.ENODEV: "it is a device that cannot be read as a file",
+    errno.EXDEV: "it is on another file system",
+    errno.ENOTEMPTY: "the directory is not empty",
+    errno.EFBIG: "the file would be too large",
+}
+
+
+def reason(e: OSError) -> str:
+    """Why an operation on a path failed, as a clause for a sentence ("cannot read X: <reason>"), for every
+    OSError charlm reports; the system's own text (lower-cased) only for an errno not listed here."""
+    if e.errno in _REASONS:
+        return _REASONS[e.errno]
+    text = e.strerror or str(e) or type(e).__name__
+    return text[:1].lower() + text[1:]
+
+
 def write_error(path: Path, e: OSError) -> WriteError:
     if e.errno == errno.ENOSPC:
         return WriteError(f"no space left on device writing {path.parent}", path, full=True)
     if e.errno == errno.EDQUOT:
         return WriteError(f"disk quota exceeded writing {path.parent}", path, full=True)
-    if e.errno == errno.ELOOP:
-        return WriteError(f"cannot write {path}: a symbolic link (or a loop of them) is in the way", path)
-    return WriteError(f"cannot write {path}: {e.strerror or e}", path)
+    return WriteError(f"cannot write {path}: {reason(e)}", path)
 
 
 def _kind(mode: int) -> str:
@@ -61,14 +96,14 @@ def _kind(mode: int) -> str:
 
 
 def not_regular(path: Path) -> str | None:
-    """Why path (itself, not what a symbolic link points at) is no regular file charlm may replace or read
-    (a link, a FIFO, a device...); None for a regular file or nothing there."""
+    """Why path (itself, not what a symbolic link points at) is no regular file charlm may replace or read,
+    as the end of "it is ...": "a symbolic link", "a FIFO", "a device"...; None for a regular file, for
+    nothing there, and for a path that cannot be looked at (a file where a directory should be, a loop of
+    links): the open or write that follows fails, and says why in its own words (reason)."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except OSError:
         return None
-    except OSError as e:
-        return e.strerror or str(e)
     return None if stat.S_ISREG(mode) else _kind(mode)
 
 
@@ -90,21 +125,65 @@ def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
-def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; a ValueError that says what is wrong for a FIFO,
-    a device (/dev/zero never ends), a link to one, or a file too big to be what it claims."""
+class ReadError(ValueError):
+    """A path could not be read as a regular file (absent, a FIFO, a device, a directory, a link where none
+    may be, too large): one line saying what and why. A ValueError, so callers that rebuild a damaged cache
+    entry catch it with the rest."""
+
+
+def open_read(path: str | os.PathLike, what: str, links: bool = True) -> BinaryIO:
+    """THE way charlm opens a file it did not just write (the cache, a corpus, a prompt, a run's files, a
+    teacher): a binary file object on a regular file, or a ReadError. The open never waits: O_NONBLOCK, so
+    a FIFO with no writer opens at once (and is then refused) instead of blocking for ever, and the type is
+    checked on the opened file (fstat), so nothing swapped in after a check is read. links=False refuses a
+    symbolic link (O_NOFOLLOW) where one has no business, as in the cache."""
     path = Path(path)
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0) | (0 if links else os.O_NOFOLLOW)
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ValueError(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
-            data = f.read(limit + 1)
+        fd = os.open(path, flags)
     except OSError as e:
-        raise ValueError(f"cannot read {what} {path}: {e.strerror or e}") from None
+        raise ReadError(f"cannot read {what} {path}: {reason(e)}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ReadError(f"{what} {path} is {_kind(mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a regular file never blocks; reads behave as usual
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str, links: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (opened by open_read); a ReadError (a ValueError)
+    that says what is wrong for a FIFO, a device (/dev/zero never ends), a link to one, or a file too big to
+    be what it claims."""
+    path = Path(path)
+    with open_read(path, what, links) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ReadError(f"cannot read {what} {path}: {reason(e)}") from None
     if len(data) > limit:
-        raise ValueError(f"{what} {path} is larger than {limit // (1 << 20)} MB: it cannot be what charlm wrote")
+        raise ReadError(f"{what} {path} is larger than {_size(limit)}: it cannot be what charlm wrote")
     return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB" if n >= 1 << 10 else f"{n} bytes"
+
+
+def sha256(path: str | os.PathLike, what: str) -> str:
+    """The sha256 of a file's bytes (hex), read through open_read a megabyte at a time."""
+    h = hashlib.sha256()
+    with open_read(path, what) as f:
+        try:
+            while block := f.read(1 << 20):
+                h.update(block)
+        except OSError as e:
+            raise ReadError(f"cannot read {what} {path}: {reason(e)}") from None
+    return h.hexdigest()
 
 
 def temp_path(path: Path) -> Path:

@@ -57,7 +57,7 @@ def check_writable(out: Path) -> None:
             pass
     except OSError as e:
         raise ConfigError(
-            f"cannot write to {out}: {probe} is not writable ({e.strerror}); choose another --out"
+            f"cannot write to {out}: {probe} is not writable ({files.reason(e)}); choose another --out"
         ) from None
 
 
@@ -103,7 +103,7 @@ class RunLock:
             except OSError as e:
                 self._remove_created()
                 raise ConfigError(
-                    f"{self.path} is not a lock file charlm can use ({e.strerror}): remove it, or choose another --out"
+                    f"{self.path} is not a lock file charlm can use ({files.reason(e)}): remove it, or choose another --out"
                 ) from None
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -204,10 +204,13 @@ def resume_configs(
                 f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
                 "drop the flag, or start a new run with another --out"
             )
+    if "teacher" in given and train_cfg.teacher is not None and old_train.teacher_sha256 is not None:
+        # a teacher named again is the recorded one if it is the same file, however it is named from here
+        train_cfg = replace(train_cfg, teacher=teacher_file(train_cfg.teacher))
     changes = {}
     for f in fields(TrainConfig):
-        if f.name not in given and "preset:" + f.name not in given:
-            continue
+        if (f.name not in given and "preset:" + f.name not in given) or f.metadata.get("recorded"):
+            continue  # (a recorded field is the run's own: distill records its teacher's hash)
         new, old = getattr(train_cfg, f.name), getattr(old_train, f.name)
         if f.metadata.get("resumable"):
             changes[f.name] = new
@@ -227,6 +230,13 @@ def resume_configs(
             "give a larger --max-time (the total) or --steps to train on"
         )
     return old_model, new_train
+
+
+def teacher_file(name: str) -> str:
+    """The checkpoint file a --teacher names, as a distilled run records it: absolute and free of links."""
+    from charlm import checkpoint  # (as in describe: only this needs it)
+
+    return str(checkpoint.resolve(name).resolve())
 
 
 # ---- listing (`charlm runs`) ---------------------------------------------------------------------
@@ -291,14 +301,16 @@ def read_metrics(run: Path) -> Metrics:
     if not path.is_file():
         raise ConfigError(f"{run} has no metrics.jsonl: it is not a run directory, or it was never evaluated")
     try:
-        with open(path, "rb") as f:  # (is_file: a regular file, or a link to one; never /dev/zero)
+        with files.open_read(path, "metrics") as f:  # a regular file, or a link to one; never /dev/zero
             size = os.fstat(f.fileno()).st_size
             if size > METRICS_READ:  # the latest evaluations only: a file this large is no run's own
                 f.seek(size - METRICS_READ)
                 f.readline()  # the rest of a line cut by the seek
             lines = f.read(METRICS_READ).splitlines()
+    except files.ReadError as e:
+        raise ConfigError(str(e)) from None
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {path}: {files.reason(e)}") from None
     metrics = Metrics(path, [], left_out=max(0, size - METRICS_READ))
     for line in lines:
         if not line.strip():
@@ -331,7 +343,7 @@ def usual_speed(key: str, tokens_per_s: float | None, path: Path) -> float | Non
     (JSON: key -> tokens/s), which then records this run's speed. None the first time. A damaged or
     unwritable file starts afresh: a speed record is never worth an error."""
     try:
-        best = json.loads(files.read_bounded(path, 16 << 20, "speed record"))
+        best = json.loads(files.read_bounded(path, 16 << 20, "speed record", links=False))
     except (ValueError, RecursionError):  # (read_bounded's errors are ValueErrors)
         best = {}
     best = best if isinstance(best, dict) else {}

@@ -89,22 +89,48 @@ def check_seed(seed: int | None) -> None:
     check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)\s*")  # one number and its unit, matched part by part:
+# a single pattern for the whole text, (number unit?)+, backtracked exponentially on a long run of digits that
+# fails at its end ('--max-time 9999999999999999999999999999x' took minutes)
 _UNIT = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def _parts(t: str) -> list[tuple[str, str]] | None:
+    """'1h 5m' -> [('1', 'h'), ('5', 'm')]; None unless the whole text is numbers each followed by a word."""
+    parts, at = [], 0
+    while at < len(t):
+        m = _PART.match(t, at)
+        if m is None:
+            return None
+        parts.append(m.groups())
+        at = m.end()
+    return parts
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
     """Seconds, from a duration as charlm prints them ('45s', '2m04s', '1h05m', '1.2s') or as people type them
-    ('90', '90 s', '10m', '1m30s', '1.5h', '0:05:30', '5:30')."""
+    ('90', '90 s', '10m', '1m30s', '1.5h', '0:05:30', '5:30'). Each unit at most once, largest first ('1h1h'
+    and '30s1m' are refused); on a clock, minutes and seconds below 60 ('0:99:99' is refused), the leading
+    field as large as it likes ('90:00' is 90 minutes)."""
     t, seconds = text.strip().lower(), None
+    hint = "use e.g. 90s, 10m, 1m30s, 1h or 1:30:00"
     if re.fullmatch(r"\d+(:\d{1,2}){1,2}(\.\d+)?", t):  # [h:]m:s
+        _, *rest = t.split(":")
+        check(
+            all(float(p) < 60 for p in rest),
+            f"{what}: cannot read duration {shown(text)}: minutes and seconds on a clock go up to 59; {hint}",
+        )
         seconds = sum(float(p) * 60**i for i, p in enumerate(reversed(t.split(":"))))
-    elif t and re.fullmatch(rf"(?:{_DURATION.pattern}\s*)+", t):
-        parts = _DURATION.findall(t)
+    elif (parts := _parts(t)) and all(u in _UNIT or u == "" for _, u in parts):
         if len(parts) == 1 or all(u for _, u in parts):  # '1m30' is not a duration; '1m30s' is
-            seconds = sum(float(v) * _UNIT[u or "s"] for v, u in parts)
-    check(seconds is not None, f"{what}: cannot read duration '{text}': use e.g. 90s, 10m, 1m30s or 1h")
-    check(seconds > 0, f"{what}: duration must be positive, got '{text}'")
+            sizes = [_UNIT[u or "s"] for _, u in parts]
+            check(
+                all(a > b for a, b in zip(sizes, sizes[1:])),
+                f"{what}: cannot read duration {shown(text)}: give each unit once, largest first; {hint}",
+            )
+            seconds = sum(float(v) * size for (v, _), size in zip(parts, sizes))
+    check(seconds is not None, f"{what}: cannot read duration {shown(text)}: {hint}")
+    check(seconds > 0, f"{what}: duration must be positive, got {shown(text)}")
     return seconds
 
 

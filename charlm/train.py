@@ -199,6 +199,7 @@ class Trainer:
             from charlm.distill import Teacher
 
             self.teacher = Teacher(self.cfg, self.tokenizer, self.model_cfg, self.device)
+            self.cfg = self.teacher.recorded(self.cfg)  # by absolute path and sha256: a resume uses that file
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(self.cfg.seed + self.dist.rank)  # each rank its own batches
         self.step, self.train_seconds = 0, 0.0

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from charlm import checkpoint
+from charlm import checkpoint, files
 from charlm.config import SampleConfig
 from charlm.errors import ConfigError
 from charlm.generate import Stats, Streamer
@@ -62,6 +62,7 @@ def read_prompt(where: PromptOptions) -> str:
         if piped:
             raw = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
         else:
+            # a plain open, unlike files.open_read: a pipe named by the user (<(cmd), /dev/stdin) is read
             with open(prompt_file, "rb") as f:
                 raw = f.read(MAX_PROMPT_BYTES + 1)
         if len(raw) > MAX_PROMPT_BYTES:
@@ -74,4 +75,4 @@ def read_prompt(where: PromptOptions) -> str:
     except UnicodeDecodeError:
         raise ConfigError(f"--prompt-file: {where} is not UTF-8 text") from None
     except OSError as e:
-        raise ConfigError(f"--prompt-file: cannot read {prompt_file} ({e.strerror})") from None
+        raise ConfigError(f"--prompt-file: cannot read {prompt_file} ({files.reason(e)})") from None

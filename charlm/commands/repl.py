@@ -172,9 +172,12 @@ def did_you_mean(word: str, options) -> str:
 
 
 def unquote(value: str) -> str:
-    """A value typed in quotes, as a shell would read it: "\\n" -> \\n (its escapes are the setting's to read)."""
+    """A value typed in quotes, as a shell would read it: "\\n" -> \\n (its escapes are the setting's to read).
+    A quote opened and never closed is refused, as a shell refuses it (it would be part of a stop string)."""
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
+    if value[:1] in ("'", '"'):
+        raise Hint(f"the value opens a quote ({value[0]}) and never closes it: close it, or leave the quotes out")
     return value
 
 

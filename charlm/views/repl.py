@@ -99,6 +99,7 @@ class LineReader:
             import readline
         except ImportError:  # e.g. Windows without pyreadline: plain input() still works
             return
+        from charlm import files
         from charlm.data import cache_dir
 
         readline.set_completer(self._complete)
@@ -112,6 +113,9 @@ class LineReader:
             readline.parse_and_bind("set enable-bracketed-paste on")
         self.history = cache_dir() / "chat_history"
         readline.set_history_length(1000)
+        if files.not_regular(self.history):  # a FIFO would block readline's open for ever, a link be followed
+            self.history = None
+            return
         try:
             readline.read_history_file(self.history)
         except OSError:  # no history yet, or unreadable: start without

@@ -103,10 +103,28 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+MAX_WORD = 512  # characters of one word of an error shown whole (a path is rarely longer; 100 KB of argument is)
+MAX_LINE = 4096  # characters of an error line shown whole
+
+
+def _cut(text: str, head: int, tail: int) -> str:
+    return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
+
+
+def clip(line: str) -> str:
+    """line with every word (a run without spaces) longer than MAX_WORD cut in the middle, saying how much,
+    and then the line itself if it is longer than MAX_LINE: an error that quotes what the user typed
+    (`charlm help <100 KB>`) stays a line, not a screenful."""
+    if len(line) <= MAX_WORD:
+        return line
+    line = re.sub(rf"\S{{{MAX_WORD + 1},}}", lambda m: _cut(m.group(0), MAX_WORD // 2, 64), line)
+    return _cut(line, MAX_LINE // 2, MAX_LINE // 4) if len(line) > MAX_LINE else line
+
+
 def print_error(message: str) -> None:
-    """One line on stderr, printed literally: a path such as 'notes[1].txt' is not Rich markup, and a
-    multi-line message from a library is folded onto one line."""
-    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    """One line on stderr, printed literally: a path such as 'notes[1].txt' is not Rich markup, a
+    multi-line message from a library is folded onto one line, and a huge word in it, or a huge line, is cut (clip)."""
+    line = clip(" ".join(part.strip() for part in str(message).splitlines() if part.strip()))
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # under torchrun: say which process failed
         line = f"rank {os.environ.get('RANK', '?')}: {line}"
     err_console().print(Text.assemble(("error: ", "red"), safe(line)), soft_wrap=True)
