@@ -112,7 +112,7 @@ def test_a_fifo_in_the_cache_never_hangs_train(tmp_path, entry):
     os.mkfifo(path)
     again = _train(tmp_path, corpus, "b")
     if again.returncode == 0:
-        assert (tmp_path / "b" / "best.pt").is_file()
+        assert (tmp_path / "b" / "best.safetensors").is_file()
     else:
         err = again.stderr.strip()
         assert err.startswith("error: ") and "\n" not in err and "it is a FIFO, not a regular file" in err, err

@@ -48,8 +48,8 @@ def test_a_resume_elsewhere_distils_from_the_recorded_teacher(two_k7, cmp_corpus
     monkeypatch.chdir(a)
     r = distil(cmp_corpus, tmp_path / "student", 3, "--teacher", "k7")
     assert r.exit_code == 0, r.output
-    teacher = (a / "k7" / "best.pt").resolve()
-    recorded = checkpoint.read_header(tmp_path / "student" / "last.pt").train_config
+    teacher = (a / "k7" / "best.safetensors").resolve()
+    recorded = checkpoint.read_header(tmp_path / "student" / "last.safetensors").train_config
     assert (recorded.teacher, recorded.teacher_sha256) == (str(teacher), sha256(teacher))
 
     monkeypatch.chdir(b)
@@ -61,7 +61,7 @@ def test_a_resume_elsewhere_distils_from_the_recorded_teacher(two_k7, cmp_corpus
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     r = distil(cmp_corpus, tmp_path / "student", 6, "--resume")
     assert r.exit_code == 0, r.output
-    after = checkpoint.read_header(tmp_path / "student" / "last.pt")
+    after = checkpoint.read_header(tmp_path / "student" / "last.safetensors")
     assert after.step == 6 and after.train_config.teacher == str(teacher)
     assert math.isfinite(after.best_val_loss)
 
@@ -75,7 +75,7 @@ def test_a_teacher_named_again_must_be_the_recorded_file(two_k7, cmp_corpus, tmp
     monkeypatch.chdir(b)
     one_line_error(
         distil(cmp_corpus, tmp_path / "student", 9, "--resume", "--teacher", "k7"),
-        f"this run was trained with --teacher {(a / 'k7' / 'best.pt').resolve()}, not {(b / 'k7' / 'best.pt').resolve()}",
+        f"this run was trained with --teacher {(a / 'k7' / 'best.safetensors').resolve()}, not {(b / 'k7' / 'best.safetensors').resolve()}",
     )
     # and a Python caller's config naming another teacher is refused alike
     with pytest.raises(ConfigError, match="this run was trained with --teacher"):
@@ -86,8 +86,8 @@ def test_a_replaced_or_missing_teacher_is_refused_on_resume(two_k7, cmp_corpus, 
     a, b = two_k7
     monkeypatch.chdir(a)
     assert distil(cmp_corpus, tmp_path / "student", 3, "--teacher", "k7").exit_code == 0
-    teacher = (a / "k7" / "best.pt").resolve()
-    shutil.copy(b / "k7" / "best.pt", teacher)  # same place, other bytes (the LSTM)
+    teacher = (a / "k7" / "best.safetensors").resolve()
+    shutil.copy(b / "k7" / "best.safetensors", teacher)  # same place, other bytes (the LSTM)
     one_line_error(
         distil(cmp_corpus, tmp_path / "student", 6, "--resume"),
         f"--resume: the teacher at {teacher} is not the one this run distils from (its sha256 is {sha256(teacher)[:12]}",
@@ -98,7 +98,7 @@ def test_a_replaced_or_missing_teacher_is_refused_on_resume(two_k7, cmp_corpus, 
         distil(cmp_corpus, tmp_path / "student", 6, "--resume"),
         f"this run distils from the teacher {teacher}, which is no longer there: put it back",
     )
-    assert checkpoint.read_header(tmp_path / "student" / "last.pt").step == 3  # nothing trained meanwhile
+    assert checkpoint.read_header(tmp_path / "student" / "last.safetensors").step == 3  # nothing trained meanwhile
 
 
 def test_a_temperature_too_low_for_float32_is_refused(cmp_runs, cmp_corpus):
@@ -133,11 +133,11 @@ EXAMPLES = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", 100))  # more for a 
 def test_any_teacher_on_resume_is_the_recorded_bytes_or_one_line(cmp_runs, tmp_path_factory, what, at, recorded):
     """Whatever is at the recorded path on resume, and whatever hash the run recorded: the teacher is used
     only when its bytes are the ones recorded; else one line that names the file and says what to do."""
-    original = (cmp_runs["tf"] / "best.pt").read_bytes()
+    original = (cmp_runs["tf"] / "best.safetensors").read_bytes()
     true_sha = hashlib.sha256(original).hexdigest()
     sha = {"true": true_sha, "other": hashlib.sha256(b"other").hexdigest()}.get(recorded, recorded)
     d = tmp_path_factory.mktemp("teacher")
-    path = d / "best.pt"
+    path = d / "best.safetensors"
     if what in ("same", "flipped", "cut", "grown"):
         data = bytearray(original)
         if what == "flipped":
@@ -155,7 +155,7 @@ def test_any_teacher_on_resume_is_the_recorded_bytes_or_one_line(cmp_runs, tmp_p
         (d / "real.pt").write_bytes(original)
         path.symlink_to(d / "real.pt")
     elif what == "other run":
-        shutil.copy(cmp_runs["lstm"] / "best.pt", path)
+        shutil.copy(cmp_runs["lstm"] / "best.safetensors", path)
     cfg = tiny_train(2, teacher=str(path), teacher_sha256=sha)
     try:
         file, got = _identify(cfg)
