@@ -14,6 +14,7 @@ import torch
 
 from charlm import checkpoint, files
 from charlm.config import ModelConfig, TrainConfig
+from charlm.data import TARGETS
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
 from charlm.models import config_params
@@ -21,7 +22,6 @@ from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
-TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
 
 
 @dataclass(frozen=True)
