@@ -152,7 +152,7 @@ def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None 
     ck = load_run(ckpt)
     if "attention" not in ck.model.capabilities:
         hint = "; charlm lab ablate knocks out its parts" if "knock_out" in ck.model.capabilities else ""
-        raise ConfigError(f"lab heads: {ckpt} is {lacks(ck.model, 'attention')}{hint}")
+        raise ConfigError(f"lab heads: {lacks(ck.model, 'attention')} ({ckpt}){hint}")
     periods = [period] if period else periods_for(ck.model_config.context)
     records = score_periods(ck.model, ck.tokenizer, periods, seed)
     return LabResult(
