@@ -159,3 +159,21 @@ def test_lab_heads_suggests_pruning_only_where_compress_can(tmp_path):
     )
     assert "candidates for pruning" in readings["rope"] and "candidates for pruning" not in readings["alibi"]
     assert "cannot be pruned" in readings["alibi"]
+
+
+def test_induction_knocks_each_head_and_layer_out_by_zero_and_by_mean_ablation():
+    """lab induction's causal test, both ways: every head alone and every layer at once, on the repeat's
+    positions; a knock-out of the heads it is measured on changes the loss, and the two ablations differ."""
+    from charlm.lab import induction, tasks
+    from charlm.tokenizer import CharTokenizer
+
+    tok = CharTokenizer(sorted(set(tasks.alphabet("induction") + "\n")))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="transformer", vocab_size=tok.vocab_size, n_layers=2, d_model=32, n_heads=2,
+                                    context=17))  # fmt: skip
+    fresh = tasks.examples("induction", 6, 3, 0) + tasks.examples("induction", 8, 3, 1)
+    zero = induction.repeat_losses(model, tok, fresh)
+    mean = induction.repeat_losses(model, tok, fresh, mode="mean")
+    assert set(zero) == set(mean) == {"none", "L0H0", "L0H1", "L1H0", "L1H1", "L0", "L1"}
+    assert zero["none"] == mean["none"] and zero["L1"] != zero["none"]
+    assert any(abs(zero[k] - mean[k]) > 1e-3 for k in ("L0", "L1"))
