@@ -15,7 +15,7 @@ from charlm.data import bits_per_char, trained_positions
 from charlm.lab import ablate, heads
 from charlm.models import Part, build_model
 from charlm.models.inspect import knocked, nats, token_nats
-from tests.conftest import VIEW_TEXT, cli, saved_model, tiny_train
+from tests.conftest import VIEW_TEXT, cli, saved_model, tiny_train, train_runs
 
 TEXT = VIEW_TEXT[:40]  # one window of every run below
 
@@ -41,9 +41,12 @@ def lab_run(tmp_path_factory):
 def runs(view_runs, lab_run, tmp_path_factory):
     """Every kind of run: ordinary (Transformer, LSTM, GRU), heads pruned, units pruned, int8; and the lab run."""
     root = tmp_path_factory.mktemp("inspect-runs")
+    four = ModelConfig(kind="transformer", n_layers=2, d_model=32, n_heads=4, context=48)  # 3 heads of 8 when pruned
+    (root / "four").mkdir()
+    tf4 = train_runs(root / "four", VIEW_TEXT, {"tf4": (four, tiny_train(20))})["tf4"]
     made = {"tf": view_runs["tf"], "lstm": view_runs["lstm"], "gru": view_runs["gru"], "lab": lab_run}
     for name, run, flags in (
-        ("heads-pruned", view_runs["tf"], ["--drop-heads", "1"]),
+        ("heads-pruned", tf4, ["--drop-heads", "1"]),
         ("units-pruned", view_runs["lstm"], ["--drop-units", "5"]),
         ("int8", view_runs["tf"], ["--bits", "8"]),
         ("gru-int8-pruned", view_runs["gru"], ["--bits", "8", "--drop-units", "3"]),
@@ -75,6 +78,7 @@ def test_explore_and_lab_ablate_knock_out_the_same(runs, kind, tmp_path):
     scene = ex.scene(ck.model, ck.tokenizer, ids, ex.trained(ck, ids))
     assert scene.scored == (ex.TRAINED if kind == "lab" else ex.EVERY)
     assert scene.bpc == pytest.approx(result.settings["baseline_bits_per_char"], abs=2e-4)
+    assert max(abs(r["damage"]) for r in result.results) > 2e-3  # knock-outs that change something
     compared = 0
     for r in result.results:
         if r["part"].startswith("head "):
@@ -177,3 +181,26 @@ def test_induction_knocks_each_head_and_layer_out_by_zero_and_by_mean_ablation()
     assert set(zero) == set(mean) == {"none", "L0H0", "L0H1", "L1H0", "L1H1", "L0", "L1"}
     assert zero["none"] == mean["none"] and zero["L1"] != zero["none"]
     assert any(abs(zero[k] - mean[k]) > 1e-3 for k in ("L0", "L1"))
+
+
+@pytest.mark.parametrize("head", [0, 1, 2])
+def test_knocking_a_head_out_is_slicing_it_out_on_a_pruned_shape(head):
+    """On a model already pruned (3 heads of 8 in a width of 32: not d_model // n_heads), a head knocked out
+    gives the logits of the model with that head sliced out (the family's prune), which holds the knock-out to
+    the config's head size."""
+    from dataclasses import replace
+
+    from charlm.models import family
+
+    torch.manual_seed(head)
+    cfg = ModelConfig(kind="transformer", vocab_size=11, n_layers=1, d_model=32, n_heads=3, head_dim=8, context=8)
+    model = build_model(cfg).eval()
+    importance = torch.ones(1, 3).numpy()
+    importance[0, head] = 0.0
+    small_cfg, state, dropped = family("transformer").prune(cfg, model.state_dict(), importance, 1)
+    assert dropped == [(0, head)] and small_cfg == replace(cfg, n_heads=2)
+    small = build_model(small_cfg).eval()
+    small.load_state_dict(state)
+    ids = torch.randint(0, 11, (2, 8))
+    with torch.no_grad(), knocked(model, Part(0, "head", (head,))):
+        torch.testing.assert_close(model(ids)[0], small(ids)[0], atol=1e-5, rtol=1e-5)
