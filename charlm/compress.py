@@ -134,38 +134,32 @@ def tokens_per_s(ck, n: int = 200, repeats: int = 3) -> float:
 
 
 def importance(model, rows: torch.Tensor) -> np.ndarray:
-    """(layers, parts): what each head or unit is worth on rows, by the family's own measure."""
+    """(layers, parts): what each head or unit is worth on rows, by the family's own measure (a head: the loss
+    when it alone is knocked out, as lab ablate measures it; a unit: what it sends on)."""
     return model.importance(rows)
 
 
-def head_importance(model, rows: torch.Tensor) -> np.ndarray:
-    """(layers, heads): nats per token lost when each head alone is knocked out (lab ablate's measure)."""
-    return importance(model, rows)
+head_importance = unit_importance = importance  # the names commands/compress.py asks by
 
 
-def unit_importance(model, rows: torch.Tensor) -> np.ndarray:
-    """(layers, hidden): what each unit sends on (RNN.importance)."""
-    return importance(model, rows)
-
-
-def prune(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int, flag: str) -> tuple[ModelConfig, dict, list]:
-    """The model without the k least important parts of each layer (the family's prune): (config, state dict,
-    [(layer, part), ...]); flag: the option that asked, for the refusal."""
+def prune(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int, flag: str) -> tuple[ModelConfig, dict, list]:
+    """The model without the k least important parts of each layer by scores (layers, parts) (the family's prune):
+    (config, state dict, [(layer, part), ...]); flag: the option that asked, for the refusal."""
     cls = family(cfg.kind)
     n = cls.parts(cfg)
     if not 0 <= k < n:
         raise ConfigError(f"{flag} must be below the {n} {cls.PART}s of each layer, got {k}")
-    return cls.prune(cfg, state, importance, k)
+    return cls.prune(cfg, state, scores, k)
 
 
-def drop_heads(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+def drop_heads(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
     """The model without the k least important heads of each layer: (config, state dict, [(layer, head), ...])."""
-    return prune(cfg, state, importance, k, "--drop-heads")
+    return prune(cfg, state, scores, k, "--drop-heads")
 
 
-def drop_units(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+def drop_units(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
     """The LSTM/GRU without the k least important hidden units of each layer."""
-    return prune(cfg, state, importance, k, "--drop-units")
+    return prune(cfg, state, scores, k, "--drop-units")
 
 
 # ---- writing ---------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def reading(records: list[dict], base: float, kind: str) -> str:
     )
     forget = {(r["layer"], r["value"]): r["damage"] for r in records if r["part"] in ("forget", "update")}
     if forget:
-        gate = "forget" if kind == "lstm" else "update"
+        gate = next(r["part"] for r in records if r["part"] in ("forget", "update"))
         open_, shut = (
             [v for (l, val), v in forget.items() if val == 1.0],
             [v for (l, val), v in forget.items() if val == 0.0],
