@@ -6,12 +6,12 @@ that say what each costs.
                 safe loader, is quantized.py's; after loading, commands compute in float.
   drop heads    a Transformer's K least important heads of every layer, sliced out of qkv and proj: a smaller
                 model whose config says so (n_heads, head_dim), not a mask. Importance: the loss when the head
-                alone is knocked out (lab ablate's head_knockouts), on the first part of the scored text.
+                alone is knocked out (models/inspect.py, as lab ablate), on the first part of the scored text.
   drop units    an LSTM/GRU's K least important hidden units of every layer, sliced out of its matrices (the
-                config's hidden size): slicing a unit out is zeroing its gate rows (its gates then sit at 0.5
-                and its candidate at 0, so its cell and output stay 0). Importance: the RMS of the unit's
-                output on the text times the norm of its outgoing weights (unit_importance says why not the
-                loss change or its gradient estimate).
+                config's hidden size). Importance: the RMS of the unit's output on the text times the norm of
+                its outgoing weights (RNN.importance says why not the loss change or its gradient estimate).
+                Both are the family's own importance() and prune() (models/__init__.py: the "prune"
+                capability); this module names no layer.
   measure       on the run's validation text (or --text): bits/char, and against the original model the
                 top-1 agreement and KL divergence KL(original || compressed) per token; parameters, bits per
                 stored weight, file bytes; tokens/s generating at one thread.
@@ -37,7 +37,7 @@ from charlm.checkpoint import Saved
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
-from charlm.models import config_params
+from charlm.models import config_params, family
 from charlm.quantized import quantize
 
 BATCH_ROWS = 16  # windows scored at once
@@ -133,84 +133,33 @@ def tokens_per_s(ck, n: int = 200, repeats: int = 3) -> float:
 # ---- structured pruning ----------------------------------------------------------------------------------
 
 
-def head_importance(model, rows: torch.Tensor) -> np.ndarray:
-    """(layers, heads): nats per token lost when each head alone is knocked out (lab ablate's measure)."""
-    from charlm.lab.ablate import _nats, head_knockouts
-
-    with torch.no_grad():
-        base = _nats(model(rows[:, :-1])[0], rows)
-    cfg = model.cfg
-    loss = np.zeros((cfg.n_layers, cfg.n_heads))
-    for layer, head, nats in head_knockouts(model, rows):
-        loss[layer, head] = nats - base
-    return loss
+def importance(model, rows: torch.Tensor) -> np.ndarray:
+    """(layers, parts): what each head or unit is worth on rows, by the family's own measure (a head: the loss
+    when it alone is knocked out, as lab ablate measures it; a unit: what it sends on)."""
+    return model.importance(rows)
 
 
-def drop_heads(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+head_importance = unit_importance = importance  # the names commands/compress.py asks by
+
+
+def prune(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int, flag: str) -> tuple[ModelConfig, dict, list]:
+    """The model without the k least important parts of each layer by scores (layers, parts) (the family's prune):
+    (config, state dict, [(layer, part), ...]); flag: the option that asked, for the refusal."""
+    cls = family(cfg.kind)
+    n = cls.parts(cfg)
+    if not 0 <= k < n:
+        raise ConfigError(f"{flag} must be below the {n} {cls.PART}s of each layer, got {k}")
+    return cls.prune(cfg, state, scores, k)
+
+
+def drop_heads(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
     """The model without the k least important heads of each layer: (config, state dict, [(layer, head), ...])."""
-    H, hs = cfg.n_heads, cfg.head_size
-    A = H * hs
-    if not 0 <= k < H:
-        raise ConfigError(f"--drop-heads must be below the {H} heads of each layer, got {k}")
-    if k and cfg.positions == "alibi":  # each head's slope is set by its place among n_heads: others would shift
-        raise ConfigError("--drop-heads cannot prune an ALiBi model (its slopes follow the number of heads)")
-    state, dropped = dict(state), []
-    for layer in range(cfg.n_layers):
-        gone = sorted(int(h) for h in np.argsort(importance[layer], kind="stable")[:k])
-        kept = [h for h in range(H) if h not in gone]
-        dropped += [(layer, h) for h in gone]
-        cols = torch.tensor([h * hs + i for h in kept for i in range(hs)])
-        qkv, proj = f"blocks.{layer}.attn.qkv.weight", f"blocks.{layer}.attn.proj.weight"
-        state[qkv] = torch.cat([state[qkv][part * A + cols] for part in range(3)])  # q, k, v rows of kept heads
-        state[proj] = state[proj][:, cols].contiguous()
-    return replace(cfg, n_heads=H - k, head_dim=hs), state, dropped
+    return prune(cfg, state, scores, k, "--drop-heads")
 
 
-def _gate_rows(cfg: ModelConfig, units) -> torch.Tensor:
-    """The rows of a layer's stacked gate matrices (i, f, g, o or r, z, n) that belong to `units`."""
-    gates, H = {"lstm": 4, "gru": 3}[cfg.kind], cfg.hidden_size
-    return torch.tensor([g * H + u for g in range(gates) for u in units], dtype=torch.long)
-
-
-def unit_importance(model, rows: torch.Tensor) -> np.ndarray:
-    """(layers, hidden): what each unit sends on, measured on rows: the RMS of its output h over the text times
-    the norm of its outgoing weights (its column of the layer's own recurrence, and of the next layer's input
-    or the head). On the tiny LSTM this ranking drops units at half the cost of a random choice, where the
-    gradient estimate (|dL/dm| for a factor m on the unit's gate rows) and single-unit knockouts did no better
-    than random (docs/compress.md)."""
-    from charlm.models.probes import trace_model
-
-    cfg, rnn = model.cfg, model.rnn
-    with torch.no_grad():
-        traces = trace_model(model, rows[:, :-1])
-    out = np.zeros((cfg.n_layers, cfg.hidden_size))
-    for layer, trace in enumerate(traces):
-        rms = trace.h.reshape(-1, cfg.hidden_size).pow(2).mean(0).sqrt()
-        onward = rnn.get_parameter(f"weight_ih_l{layer + 1}") if layer + 1 < cfg.n_layers else model.head.weight
-        norm = (rnn.get_parameter(f"weight_hh_l{layer}").detach().pow(2).sum(0) + onward.detach().pow(2).sum(0)).sqrt()
-        out[layer] = (rms * norm).numpy()
-    return out
-
-
-def drop_units(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
-    """The LSTM/GRU without the k least important hidden units of each layer (nn.LSTM has one hidden size)."""
-    H = cfg.hidden_size
-    if not 0 <= k < H:
-        raise ConfigError(f"--drop-units must be below the {H} units of each layer, got {k}")
-    state, dropped, before = dict(state), [], None
-    for layer in range(cfg.n_layers):
-        gone = set(int(u) for u in np.argsort(importance[layer], kind="stable")[:k])
-        kept = torch.tensor([u for u in range(H) if u not in gone], dtype=torch.long)
-        dropped += [(layer, u) for u in sorted(gone)]
-        rows = _gate_rows(cfg, kept.tolist())
-        ih, hh = state[f"rnn.weight_ih_l{layer}"][rows], state[f"rnn.weight_hh_l{layer}"][rows][:, kept]
-        state[f"rnn.weight_ih_l{layer}"] = (ih if before is None else ih[:, before]).contiguous()
-        state[f"rnn.weight_hh_l{layer}"] = hh.contiguous()
-        for kind in ("bias_ih", "bias_hh"):
-            state[f"rnn.{kind}_l{layer}"] = state[f"rnn.{kind}_l{layer}"][rows].contiguous()
-        before = kept
-    state["head.weight"] = state["head.weight"][:, before].contiguous()
-    return replace(cfg, hidden=H - k), state, dropped
+def drop_units(cfg: ModelConfig, state: dict, scores: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+    """The LSTM/GRU without the k least important hidden units of each layer."""
+    return prune(cfg, state, scores, k, "--drop-units")
 
 
 # ---- writing ---------------------------------------------------------------------------------------------

@@ -456,6 +456,25 @@ class Batches:
         return len(tokenizer.decode(ids)) / len(ids)
 
 
+TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
+
+
+def trained_positions(corpus_txt: Path, ids: list[int], tokenizer) -> np.ndarray | None:
+    """Which of ids (the encoded start of a lab run's corpus.txt, one token a character) the run was trained to
+    predict: its targets mask cut to them; None for a run without one (not a lab run, or not a char model)."""
+    targets = Path(corpus_txt).parent / TARGETS
+    if not targets.is_file() or tokenizer.kind != "char":
+        return None
+    try:
+        mask = np.load(targets, allow_pickle=False)[: len(ids)]
+    except Exception as e:  # empty (EOFError), garbage, an object array (ValueError): damaged
+        raise ConfigError(
+            f"{targets} is damaged ({type(e).__name__}): train the lab run again, or remove it to score "
+            f"{corpus_txt} as plain text"
+        ) from None
+    return mask if len(mask) == len(ids) and mask.dtype == bool else None
+
+
 def bits_per_char(nats: float, chars_per_token: float = 1.0, *, chars: float | None = None) -> float:
     """The one conversion to bits per character: a loss in nats per token and the characters per token,
     or a total of nats over `chars` characters (or bytes, for bits per byte)."""

@@ -77,10 +77,10 @@ class ExploreApp(App):
         Binding("q", "quit", show=False),
     ]
 
-    def __init__(self, model, tokenizer, ids: list[int], name: str = "", unknown: str = "drop"):
+    def __init__(self, model, tokenizer, ids: list[int], name: str = "", unknown: str = "drop", keep=None):
         super().__init__()
         self.model, self.tokenizer, self.run_name, self.unknown = model, tokenizer, name, unknown
-        self.scene = ex.scene(model, tokenizer, ids)
+        self.scene = ex.scene(model, tokenizer, ids, keep)  # keep: a lab run's trained positions (ex.trained)
         self.rnn = isinstance(self.scene, ex.GateScene)
         self.cursor = len(self.scene.ids) - 1  # the model's "now": the last token
         self.layer = self.scene.layers - 1
@@ -512,7 +512,8 @@ def explore(ck, ids: list[int], opts) -> None:
         raise ConfigError(
             "explore is a full-screen app: run it in a terminal, or draw its first screen with --screenshot FILE.svg"
         )
-    app = ExploreApp(ck.model, ck.tokenizer, ids, name=ck.path.parent.name, unknown=opts.unknown)
+    keep = ex.trained(ck, ids)
+    app = ExploreApp(ck.model, ck.tokenizer, ids, name=ck.path.parent.name, unknown=opts.unknown, keep=keep)
     if opts.screenshot:
         try:
             screenshot(app, opts.screenshot, opts.columns_rows)

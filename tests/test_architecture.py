@@ -67,3 +67,39 @@ def test_no_family_test_outside_models():
         if pattern.search(line)
     ]
     assert hits == []
+
+
+INTERNALS = re.compile(  # a family's layers and weights, by the names only its own module should know
+    r"\bmodel\.(blocks|rnn|tok_emb|pos_emb|head|norm|drop)\b|\.attn\.(proj|qkv)\b|\bblocks\.\d|"
+    r"weight_(ih|hh)|bias_(ih|hh)|\bnn\.(LSTM|GRU)\b|\bGATES\b|\{\s*\"lstm\":\s*4"
+)
+
+
+def test_no_family_internals_outside_models():
+    """What is inside a model is asked through its capabilities (models/__init__.py, models/inspect.py): no code
+    outside models/ -- the lab, explore and compress included -- names a family's layers, its weights or its
+    gate count."""
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in PACKAGE.rglob("*.py")
+        if unit(p) != "models"
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if INTERNALS.search(line)
+    ]
+    assert hits == []
+
+
+def test_the_internals_check_sees_what_it_looks_for():
+    """The lines issue 36 found outside models/, each caught."""
+    for line in (
+        "hook = model.blocks[layer].attn.proj.register_forward_pre_hook(zero_head)",
+        "for layer, block in enumerate(model.blocks):",
+        "rnn = model.rnn",
+        'qkv, proj = f"blocks.{layer}.attn.qkv.weight", f"blocks.{layer}.attn.proj.weight"',
+        'ih = state[f"rnn.weight_ih_l{layer}"]',
+        'gates, H = {"lstm": 4, "gru": 3}[cfg.kind], cfg.hidden_size',
+        "logits = model.head(traces[-1].h)[0].float()",
+        "def trace_rnn(rnn: nn.LSTM | nn.GRU, x):",
+    ):
+        assert INTERNALS.search(line), line
+    assert not INTERNALS.search("self.rnn = isinstance(self.scene, ex.GateScene)")

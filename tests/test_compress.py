@@ -16,10 +16,11 @@ import torch
 from charlm import checkpoint, quantized
 from charlm.checkpoint import BEST
 from charlm.commands.compress import compress
-from charlm.compress import _gate_rows, drop_units, log_probs, scored_text, unit_importance
+from charlm.compress import drop_units, log_probs, scored_text, unit_importance
 from charlm.data import bits_per_char
-from charlm.lab.ablate import _nats, head_knockouts
 from charlm.models import build_model
+from charlm.models.inspect import knockouts, nats
+from charlm.models.rnn import gate_rows
 from charlm.options import CompressOptions
 from tests.conftest import cli, one_line_error, stored_payload
 
@@ -159,14 +160,12 @@ def test_dropping_the_head_ablate_calls_least_useful_costs_what_ablate_said(cmp_
     ck = checkpoint.load(cmp_runs["tf"])
     text = scored_text(ck, None, 2048)
     with torch.no_grad():
-        base = _nats(ck.model(text.rows[:, :-1])[0], text.rows)
-    knocked = {
-        (layer, head): nats for layer, head, nats in head_knockouts(ck.model, text.rows[: max(1, len(text.rows) // 8)])
-    }
+        base = nats(ck.model(text.rows[:, :-1])[0], text.rows)
+    knocked = {(p.layer, p.which[0]): lost for p, lost in knockouts(ck.model, text.rows[: max(1, len(text.rows) // 8)])}
     useless = min(knocked, key=knocked.get)
     done = compress(str(cmp_runs["tf"]), CompressOptions(to=str(tmp_path / "pruned"), drop_heads=1, tokens=2048))
     assert done.dropped == [useless]
-    ((_, _, said),) = [k for k in head_knockouts(ck.model, text.rows) if k[:2] == useless]
+    ((_, said),) = [k for k in knockouts(ck.model, text.rows) if (k[0].layer, *k[0].which) == useless]
     want = bits_per_char(said, text.chars_per_token) - bits_per_char(base, text.chars_per_token)
     got = done.result.bpc - done.original.bpc
     assert abs(got - want) < 1e-4, (got, want)
@@ -186,7 +185,7 @@ def test_dropped_units_are_units_whose_gates_are_zeroed(view_runs):
         full = build_model(ck.model_config)
         zeroed = ck.model.state_dict()
         for layer in range(cfg.n_layers):
-            rows = _gate_rows(ck.model_config, [u for l, u in dropped if l == layer])
+            rows = gate_rows(ck.model_config, [u for l, u in dropped if l == layer])
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
                 zeroed[f"rnn.{name}_l{layer}"] = zeroed[f"rnn.{name}_l{layer}"].clone().index_fill_(0, rows, 0.0)
         full.load_state_dict(zeroed)

@@ -26,7 +26,8 @@ from charlm.commands.look import gates as trace_gates_view
 from charlm.config import ModelConfig
 from charlm.lab import ablate, heads
 from charlm.models import build_model
-from charlm.models.probes import capture_attention
+from charlm.models.inspect import nats
+from charlm.models.probes import capture_attention, trace_rnn, zero_units
 from charlm.options import GatesConfig
 from charlm.tokenizer import CharTokenizer
 from tests.conftest import VIEW_TEXT, cli, one_line_error
@@ -416,8 +417,9 @@ def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded, kind, keys):
         await pilot.pause()
         assert app.layer == (0 if keys else 1)
         ids = torch.tensor([app.scene.ids])
-        base = ablate.rnn_nats(ck.model, ids)
-        hurt = ablate.rnn_nats(ck.model, ids, ablate.zero_units(app.layer, [app.unit]))
+        x = ck.model.tok_emb(ids[:, :-1])
+        base = nats(ck.model.head(trace_rnn(ck.model.rnn, x)[-1].h), ids)  # stepped in Python, from the equations
+        hurt = nats(ck.model.head(trace_rnn(ck.model.rnn, x, intervene=zero_units(app.layer, [app.unit]))[-1].h), ids)
         chars = len(ck.tokenizer.decode(app.scene.ids[1:]))
         tokens = len(app.scene.ids) - 1
         assert app.knocked.change == pytest.approx((hurt - base) * tokens / chars / math.log(2), abs=1e-5)

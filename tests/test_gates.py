@@ -21,7 +21,7 @@ from charlm.commands.words import parse_words
 from charlm.config import ModelConfig
 from charlm.errors import ConfigError
 from charlm.models import build_model
-from charlm.models.probes import LayerTrace, choose_units, trace_model, trace_rnn
+from charlm.models.probes import LayerTrace, choose_units, trace_rnn
 from charlm.options import GatesConfig, parse_units
 from charlm.tokenizer import CharTokenizer
 from charlm.views.gates import draw_gates, fitting_units
@@ -82,7 +82,7 @@ def test_trace_model_matches_the_models_own_forward(kind, tok):
     idx = torch.tensor([tok.encode(TEXT)])
     with torch.no_grad():
         logits, _ = model(idx)
-        traces = trace_model(model, idx)
+        traces = model.trace(idx)
         torch.testing.assert_close(model.head(traces[-1].h), logits, atol=1e-5, rtol=0)
     if kind == "lstm":  # the LSTM equations, checked on the recomputed gates: c' = f c + i g, h' = o tanh(c')
         t = traces[0]
@@ -160,7 +160,7 @@ def test_gate_cells_are_the_right_shades(tok, ascii):
     model = rnn_model("lstm", tok)
     ids = tok.encode(TEXT)
     with torch.no_grad():
-        t = trace_model(model, torch.tensor([ids]))[0]
+        t = model.trace(torch.tensor([ids]))[0]
     text = render(model, tok, ["0", "units", "3,7,20"] + (["ascii"] if ascii else []), width=200)
     ramp = GATES_ASCII_RAMP if ascii else UNICODE_RAMP
     shown = panels(text)

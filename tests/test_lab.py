@@ -253,8 +253,7 @@ def test_a_padded_task_text_holds_one_example_a_window():
 def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
     import torch
 
-    from charlm.lab.ablate import clamp, zero_units
-    from charlm.models.probes import trace_rnn
+    from charlm.models.probes import clamp, trace_rnn, zero_units
 
     torch.manual_seed(0)
     rnn = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
@@ -280,8 +279,7 @@ def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
 def test_trace_rnn_intervention_on_a_gru():
     import torch
 
-    from charlm.lab.ablate import clamp
-    from charlm.models.probes import trace_rnn
+    from charlm.models.probes import clamp, trace_rnn
 
     torch.manual_seed(0)
     gru = torch.nn.GRU(4, 6, num_layers=1, batch_first=True)

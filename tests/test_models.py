@@ -87,7 +87,8 @@ def test_every_family_is_registered_everywhere():
 def test_the_family_interface(kind, positions):
     """What code outside models/ may ask of a model, instead of testing its class."""
     model = tiny(kind, positions)
-    assert model.capabilities in ({"attention"}, {"gates"})
+    can = {"attention", "knock_out"} | ({"prune"} if positions != "alibi" else set())  # ALiBi's heads: no pruning
+    assert model.capabilities == (can if kind == "transformer" else {"gates", "knock_out", "prune"})
     assert (model.window is None) == (kind != "transformer")
     assert model.rolling_cache == (positions in ("rope", "alibi") and kind == "transformer")  # relative ones
     hidden = {id(p) for p in model.hidden_matrices()}

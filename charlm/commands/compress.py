@@ -151,9 +151,9 @@ def report(ckpt: str, opts: CompressOptions) -> Report:
     s = _Session(ckpt, opts)
     cfg = s.cfg
     settings = [(32, 0, 0, False), (16, 0, 0, False), (8, 0, 0, False), (4, 0, 0, False)]
-    if "attention" in s.ck.model.capabilities and cfg.positions == "alibi":
-        pass  # no head can be dropped (compress.drop_heads)
-    elif "attention" in s.ck.model.capabilities:
+    if "prune" not in s.ck.model.capabilities:
+        pass  # nothing can be dropped (an ALiBi model's heads; a family without parts to prune)
+    elif s.ck.model.PART == "head":
         settings += [(32, k, 0, False) for k in range(1, cfg.n_heads // 2 + 1)]
         settings += [(32, 1, 0, True), (8, 1, 0, False), (4, 1, 0, False)] if cfg.n_heads >= 2 else []
     else:

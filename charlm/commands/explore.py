@@ -7,13 +7,18 @@ A Transformer reads a text longer than its context in windows of `context` token
 context (as `charlm eval` does); each token is read in the first window that holds it with the most tokens
 before it, so it sees between context/2 and context tokens. Its attention rows, its next-token logits and its
 surprisal come from that one forward pass (models/probes.py capture_attention on the window: the model's own
-explicit-softmax path). Head labels are `lab heads`' (charlm/lab/heads.py role) from scores measured on the
+explicit-softmax path). Head labels are `lab heads`' (models/inspect.py role) from scores measured on the
 text itself: previous-token weight, induction weight (on the tokens that followed earlier occurrences of the
-query's token), distance looked back and entropy. A knock-out zeroes one head's slice of the input of its
-layer's output projection, as `lab ablate` does (charlm/lab/ablate.py), and re-reads every window.
+query's token), distance looked back and entropy. A knock-out takes one head out through the family's
+knock_out, as `lab ablate` does (models/inspect.py), and re-reads every window.
 
 An LSTM/GRU reads the last MAX_GATE_TOKENS tokens from a fresh state; its gates come from probes.trace_gates
-(the same trace `charlm gates` draws), its logits from the model's own head on the last layer's states.
+(the same trace `charlm gates` draws), its logits from the model's forward pass; a unit is knocked out
+through knock_out too.
+
+On a lab run's own corpus (the text explored is the start of its corpus.txt), bits/char count only the
+positions the run was trained to predict (its targets mask), as `lab ablate` scores it: the scene's `scored`
+says which ("trained positions" or "every position").
 
 Over ~450 lines on purpose: the two scenes share their predictions (Predicted), their knock-outs and their
 loading, and the explorer asks one module for either.
@@ -21,31 +26,23 @@ loading, and the explorer asks one module for either.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from charlm.data import bits_per_char, trained_positions
 from charlm.errors import ConfigError
-from charlm.lab.ablate import zero_units
-from charlm.lab.heads import role
-from charlm.models.probes import (
-    CANDIDATES,
-    MAX_GATE_TOKENS,
-    capture_attention,
-    choose_units,
-    trace_gates,
-    trace_rnn,
-)
+from charlm.models import Part, lacks
+from charlm.models.inspect import common_offset, entropy, knocked, role, token_nats
+from charlm.models.probes import CANDIDATES, MAX_GATE_TOKENS, capture_attention, choose_units, trace_gates
 from charlm.options import ExploreOptions
 
 MAX_TOKENS = (
     MAX_GATE_TOKENS  # longer texts: their last tokens (every head's rows are kept: tokens × layers × heads × context)
 )
 TOP = 5  # keys and predictions listed in the side panel
-LN2 = math.log(2)
+EVERY, TRAINED = "every position", "trained positions"  # what a scene's bits/char count (Predicted.scored)
 
 
 # ---- windows: which tokens each token sees ------------------------------------------------------------
@@ -69,17 +66,15 @@ def window_of(n: int, context: int) -> np.ndarray:
     return np.array(starts)[which]
 
 
-def _targets_bpc(nats: np.ndarray, chars: int) -> float:
-    """Bits per character of per-target nats (tokens 1..n-1) on text of `chars` characters."""
-    return float(nats.sum() / max(chars, 1) / LN2)
+def _targets_bpc(nats: np.ndarray, chars: int, keep: np.ndarray | None = None) -> float:
+    """Bits per character of per-target nats (tokens 1..n-1) on text of `chars` characters (the scored ones')."""
+    return bits_per_char(float(nats.sum() if keep is None else nats[keep].sum()), chars=max(chars, 1))
 
 
-def _surprisal(logits: torch.Tensor, ids: list[int]) -> np.ndarray:
-    """Nats of each target: nats[i - 1] = -log p(ids[i] | before), from logits (n, vocab) of each query."""
-    if len(ids) < 2:
-        return np.zeros(0)
-    target = torch.tensor(ids[1:], dtype=torch.long)
-    return F.cross_entropy(logits[:-1].float(), target, reduction="none").numpy()
+def _scored_chars(tokenizer, ids: list[int], keep: np.ndarray | None) -> int:
+    """Characters of the targets scored: tokens 1..n-1, or those keep marks."""
+    targets = ids[1:] if keep is None else [t for t, k in zip(ids[1:], keep) if k]
+    return len(tokenizer.decode(targets))
 
 
 # ---- Transformer ----------------------------------------------------------------------------------------
@@ -125,16 +120,21 @@ class Predicted:
     """What both scenes say of the text's tokens: their surprisal, the predictions after each, bits/char (from
     the scene's logits (n, vocab), nats (n - 1,) and chars)."""
 
+    @property
+    def scored(self) -> str:
+        """What bits/char counts: "every position", or a lab run's "trained positions"."""
+        return EVERY if self.keep is None else TRAINED
+
     def surprisal_bits(self) -> np.ndarray:
         """(n,) bits of each token given the ones before (NaN for the first, which nothing predicts)."""
-        return np.concatenate([[np.nan], self.nats / LN2])
+        return np.concatenate([[np.nan], bits_per_char(self.nats)])
 
     def predictions(self, i: int, k: int = TOP) -> list[tuple[int, float]]:
         return _top(self.logits[i], k)
 
     @property
     def bpc(self) -> float:
-        return _targets_bpc(self.nats, self.chars)
+        return _targets_bpc(self.nats, self.chars, self.keep)
 
 
 @dataclass
@@ -151,6 +151,7 @@ class AttentionScene(Predicted):
     chars: int  # characters of tokens 1..n-1 (the bits/char denominator)
     context: int
     knockouts: dict = field(default_factory=dict)  # (layer, head) -> Knockout, computed on demand
+    keep: np.ndarray | None = None  # (n - 1,) the targets scored (a lab run's trained positions); None: all
 
     @property
     def layers(self) -> int:
@@ -199,7 +200,7 @@ def head_scores(scene_rows: np.ndarray, seen_from: np.ndarray, ids: list[int]) -
     """lab heads' scores of every head on this text, from the rows of every query but the first:
     previous: weight on the token before; induction: weight on the tokens that followed earlier occurrences
     of the query's token (queries with one in what they see); distance and entropy as lab heads measures
-    them; the role by lab heads' own rule (lab.heads.role)."""
+    them; the role by lab heads' own rule (inspect.role)."""
     n, L, H, C = scene_rows.shape
     ids_a = np.asarray(ids)
     q = np.arange(1, n)
@@ -221,26 +222,17 @@ def head_scores(scene_rows: np.ndarray, seen_from: np.ndarray, ids: list[int]) -
             prev = float(w[np.arange(len(q)), prev_k].mean()) if len(q) else 0.0
             ind = float((w * ind_mask)[has_ind].sum(axis=1).mean()) if has_ind.any() else 0.0
             dist = float((w * np.clip(back, 0, None)).sum(axis=1).mean()) if len(q) else 0.0
-            ent = (
-                float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
-                if len(q)
-                else 0.0
-            )
-            if len(q):
-                offsets = q - (seen_from[q] + w.argmax(axis=1))
-                counts = np.bincount(offsets)
-                common, share = int(counts.argmax()), float(counts.max() / len(q))
-            else:
-                common, share = 0, 1.0
+            ent = entropy(w)
+            common, share = common_offset(q - (seen_from[q] + w.argmax(axis=1)) if len(q) else np.zeros(0, int))
             out.append(
                 HeadLabel(layer, head, role(prev, ind, dist, ent, uniform_entropy), prev, ind, dist, ent, common, share)
             )
     return out
 
 
-def attention_scene(model, tokenizer, ids: list[int]) -> AttentionScene:
+def attention_scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None) -> AttentionScene:
     start = max(0, len(ids) - MAX_TOKENS)
-    ids = ids[start:]
+    ids, keep = ids[start:], keep[start:] if keep is not None else None
     context = model.cfg.context
     seen_from = window_of(len(ids), context)
     was_training = model.training
@@ -249,9 +241,10 @@ def attention_scene(model, tokenizer, ids: list[int]) -> AttentionScene:
         rows, logits = _attention_windows(model, ids, seen_from)
     finally:
         model.train(was_training)
-    nats = _surprisal(logits, ids)
-    chars = len(tokenizer.decode(ids[1:]))
-    return AttentionScene(ids, start, seen_from, rows, logits, nats, head_scores(rows, seen_from, ids), chars, context)
+    nats = token_nats(logits, ids)
+    chars = _scored_chars(tokenizer, ids, keep)
+    labels = head_scores(rows, seen_from, ids)
+    return AttentionScene(ids, start, seen_from, rows, logits, nats, labels, chars, context, keep=keep)
 
 
 @torch.no_grad()
@@ -259,14 +252,14 @@ def _attention_windows(model, ids: list[int], seen_from: np.ndarray):
     """Every token's attention rows (n, L, H, C) and next-token logits (n, vocab), from the window each is
     read in: its attention as probes.capture_attention reads it, its logits from the model's forward pass."""
     n, context = len(ids), model.cfg.context
-    cfg = model.cfg
-    rows = np.zeros((n, cfg.n_layers, cfg.n_heads, min(n, context)), dtype=np.float32)
-    logits = torch.zeros(n, cfg.vocab_size)
+    rows, logits = None, torch.zeros(n, model.cfg.vocab_size)
     device = next(model.parameters()).device
     for a in windows(n, context):
         mine = np.nonzero(seen_from == a)[0]  # the tokens read in this window
         window = ids[a : a + context]
         _, w = capture_attention(model, window)  # (L, H, T, T); the window fits: offset 0
+        if rows is None:
+            rows = np.zeros((n, *w.shape[:2], min(n, context)), dtype=np.float32)
         rows[mine, :, :, : w.shape[-1]] = w[:, :, mine - a, :].transpose(2, 0, 1, 3)
         out = model(torch.tensor([window], dtype=torch.long, device=device))[0][0]  # (T, vocab)
         logits[mine] = out[mine - a].float().cpu()
@@ -275,34 +268,30 @@ def _attention_windows(model, ids: list[int], seen_from: np.ndarray):
 
 @torch.no_grad()
 def knock_out(model, scene: AttentionScene, layer: int, head: int) -> Knockout:
-    """The text re-read with one head taken out, as lab ablate does it: a forward pre-hook zeroes that head's
-    slice of the input of its layer's output projection (the head then adds nothing)."""
+    """The text re-read with one head taken out, as lab ablate does it (the family's knock_out)."""
     if (layer, head) in scene.knockouts:
         return scene.knockouts[(layer, head)]
-    hs = model.cfg.d_model // model.cfg.n_heads
-
-    def zero_head(module, args):
-        y = args[0].clone()
-        y[..., head * hs : (head + 1) * hs] = 0
-        return (y,)
-
     n, context = len(scene.ids), scene.context
     logits = torch.zeros_like(scene.logits)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    hook = model.blocks[layer].attn.proj.register_forward_pre_hook(zero_head)
     try:
-        for a in windows(n, context):
-            mine = np.nonzero(scene.seen_from == a)[0]
-            idx = torch.tensor([scene.ids[a : a + context]], dtype=torch.long, device=device)
-            logits[mine] = model(idx)[0][0][mine - a].float().cpu()
+        with knocked(model, Part(layer, model.PART, (head,))):
+            for a in windows(n, context):
+                mine = np.nonzero(scene.seen_from == a)[0]
+                idx = torch.tensor([scene.ids[a : a + context]], dtype=torch.long, device=device)
+                logits[mine] = model(idx)[0][0][mine - a].float().cpu()
     finally:
-        hook.remove()
         model.train(was_training)
-    nats = _surprisal(logits, scene.ids)
-    result = Knockout(layer, head, _targets_bpc(nats, scene.chars), scene.bpc, (nats - scene.nats) / LN2)
-    scene.knockouts[(layer, head)] = result
+    return _knocked(scene, layer, head, token_nats(logits, scene.ids))
+
+
+def _knocked(scene, layer: int, part: int, nats: np.ndarray) -> Knockout:
+    """A knock-out's result from the text's nats without the part, kept in the scene."""
+    rise = bits_per_char(nats - scene.nats)
+    result = Knockout(layer, part, _targets_bpc(nats, scene.chars, scene.keep), scene.bpc, rise)
+    scene.knockouts[(layer, part)] = result
     return result
 
 
@@ -330,6 +319,7 @@ class GateScene(Predicted):
     chars: int
     texts: list[str]  # each token's text (for the behaviour search)
     knockouts: dict = field(default_factory=dict)  # (layer, unit) -> Knockout
+    keep: np.ndarray | None = None  # (n - 1,) the targets scored (a lab run's trained positions); None: all
 
     @property
     def layers(self) -> int:
@@ -411,54 +401,42 @@ def _text_signal(texts: list[str], behaviour: str) -> np.ndarray:
 
 
 @torch.no_grad()
-def gate_scene(model, tokenizer, ids: list[int]) -> GateScene:
+def gate_scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None) -> GateScene:
     start, traces = trace_gates(model, ids, MAX_GATE_TOKENS)
-    ids = ids[start:]
-    logits = model.head(traces[-1].h)[0].float()  # (n, vocab): the model's own head on the last layer's states
-    nats = _surprisal(logits, ids)
+    ids, keep = ids[start:], keep[start:] if keep is not None else None
+    logits = _read(model, ids)
+    nats = token_nats(logits, ids)
     texts = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
-    return GateScene(ids, start, model.cfg.kind, traces, logits, nats, len(tokenizer.decode(ids[1:])), texts)
+    chars = _scored_chars(tokenizer, ids, keep)
+    return GateScene(ids, start, model.cfg.kind, traces, logits, nats, chars, texts, keep=keep)
 
 
-def _layers(rnn, first: int, last: int):
-    """Layers first..last-1 of an nn.LSTM/GRU as a module of their own (the same weights, copied)."""
-    part = type(rnn)(rnn.input_size if first == 0 else rnn.hidden_size, rnn.hidden_size, num_layers=last - first,
-                     bias=rnn.bias, batch_first=True)  # fmt: skip
-    part.load_state_dict(
-        {
-            name.replace(f"_l{k + first}", f"_l{k}"): p
-            for k in range(last - first)
-            for name, p in rnn.named_parameters()
-            if name.endswith(f"_l{k + first}")
-        }  # fmt: skip
-    )
-    return part.to(next(rnn.parameters()).device).eval()
+def _read(model, ids: list[int]) -> torch.Tensor:
+    """(n, vocab) logits of the model reading ids from a fresh state, in eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+        return model(idx)[0][0].float().cpu()
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
 def zero_unit(model, scene: GateScene, layer: int, unit: int) -> Knockout:
-    """The text re-read with one unit's hidden state held at 0 at every step (lab ablate's zero_units).
-    The layers below are untouched (their trace is reused); the layer itself is stepped with the
-    intervention (probes.trace_rnn), the layers above run on PyTorch's own kernel."""
+    """The text re-read with one unit's hidden state held at 0 at every step, as lab ablate does it (the
+    family's knock_out)."""
     if (layer, unit) in scene.knockouts:
         return scene.knockouts[(layer, unit)]
-    rnn = model.rnn
-    if layer == 0:
-        below = model.tok_emb(torch.tensor([scene.ids], dtype=torch.long, device=next(model.parameters()).device))
-    else:
-        below = scene.traces[layer - 1].h
-    h = trace_rnn(_layers(rnn, layer, layer + 1), below, intervene=zero_units(0, [unit]))[0].h
-    if layer + 1 < rnn.num_layers:
-        h = _layers(rnn, layer + 1, rnn.num_layers)(h)[0]
-    nats = _surprisal(model.head(h)[0].float(), scene.ids)
-    result = Knockout(layer, unit, _targets_bpc(nats, scene.chars), scene.bpc, (nats - scene.nats) / LN2)
-    scene.knockouts[(layer, unit)] = result
-    return result
+    with knocked(model, Part(layer, model.PART, (unit,))):
+        logits = _read(model, scene.ids)
+    return _knocked(scene, layer, unit, token_nats(logits, scene.ids))
 
 
 # ---- the command -----------------------------------------------------------------------------------------
 
 DEFAULT_CHARS = 600  # no text given: this much of the start of the corpus the run was trained on
+MAX_CORPUS_CHARS = 1 << 20  # a lab run's corpus.txt read to find the text explored in it (its trained positions)
 
 
 def load(ckpt: str, text: str | None, opts: ExploreOptions):
@@ -498,17 +476,40 @@ def corpus_start(ck) -> str:
     )
 
 
-def scene(model, tokenizer, ids: list[int]):
-    """Everything the explorer shows of a model on a text (AttentionScene or GateScene)."""
+def trained(ck, ids: list[int]) -> np.ndarray | None:
+    """(n - 1,) which targets of ids a lab run was trained to predict, where the text is part of the run's own
+    corpus.txt (its start, explored by default): the run's targets mask at the text's first occurrence there.
+    None otherwise (every position is scored)."""
+    kept = ck.path.parent / "corpus.txt"
+    if not kept.is_file() or len(ids) < 2:
+        return None
+    text = ck.tokenizer.decode(ids)
+    with open(kept, encoding="utf-8", errors="replace", newline="") as f:
+        body = f.read(MAX_CORPUS_CHARS)
+    at = body.find(text)
+    if at < 0:
+        return None
+    before = ck.tokenizer.encode(body[:at], unknown="drop")
+    mask = trained_positions(kept, before + ids, ck.tokenizer)
+    if mask is None or len(before) != at or not mask[at + 1 :].any():
+        return None
+    return mask[at + 1 :]
+
+
+def scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None):
+    """Everything the explorer shows of a model on a text (AttentionScene or GateScene); keep (n - 1,): the
+    targets to score (trained(ck, ids) for a lab run's), None: all."""
     if not ids:
         raise ConfigError("there is no text to explore: give one (charlm explore RUN 'some text')")
     if "attention" in model.capabilities:
-        return attention_scene(model, tokenizer, ids)
+        return attention_scene(model, tokenizer, ids, keep)
     if "gates" in model.capabilities:
-        return gate_scene(model, tokenizer, ids)
-    raise ConfigError(f"a {model.cfg.kind} has neither attention nor gates to explore")
+        return gate_scene(model, tokenizer, ids, keep)
+    raise ConfigError(f"explore: {lacks(model, 'attention')} and no gates to trace")
 
 
 def knock(model, s, layer: int, which: int) -> Knockout:
     """Take out a head (Transformer) or a unit (LSTM/GRU) and re-read the text."""
+    if "knock_out" not in model.capabilities:
+        raise ConfigError(f"explore: {lacks(model, 'knock_out')}")
     return knock_out(model, s, layer, which) if isinstance(s, AttentionScene) else zero_unit(model, s, layer, which)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 
 from charlm.errors import ConfigError
+from charlm.models import lacks
 from charlm.models.probes import (
     DEFAULT_UNITS,
     Attention,
@@ -39,9 +40,11 @@ def load_text(ckpt: str, where: LookOptions):
 def attention(model, tokenizer, ids: list[int], opts: AttnConfig) -> Attention:
     """The attention of model (a checkpoint's, in eval mode) on the text ids, with the choices in opts."""
     if "attention" not in model.capabilities:
-        raise ConfigError(
-            f"this {model.cfg.kind.upper()} has no attention; charlm gates (/gates in chat) shows its gates"
-        )
+        if "gates" in model.capabilities:
+            raise ConfigError(
+                f"this {model.cfg.kind.upper()} has no attention; charlm gates (/gates in chat) shows its gates"
+            )
+        raise ConfigError(f"attn: {lacks(model, 'attention')}")
     cfg = model.cfg
     layer = cfg.n_layers - 1 if opts.layer is None else opts.layer
     if not 0 <= layer < cfg.n_layers:
@@ -57,7 +60,9 @@ def gates(model, ids: list[int], opts: GatesConfig, fits=None) -> Gates:
     """One layer's gates of model (an LSTM's or GRU's) over the text ids, with the choices in opts.
     fits(trace) -> how many units fit the screen, when opts does not say (None: the default number)."""
     if "gates" not in model.capabilities:
-        raise ConfigError(f"a {model.cfg.kind} has no gates; charlm attn (/attn in chat) shows its attention")
+        if "attention" in model.capabilities:
+            raise ConfigError(f"a {model.cfg.kind} has no gates; charlm attn (/attn in chat) shows its attention")
+        raise ConfigError(f"gates: {lacks(model, 'gates')}")
     if not ids:
         raise ConfigError("there is no text to look at yet: give a prompt first")
     cfg = model.cfg

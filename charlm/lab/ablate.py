@@ -1,28 +1,27 @@
 """ablate CKPT: what each part of a trained model is worth, in bits/char lost on a text when it is taken out.
 
-Transformer: knock out one head at a time (a forward pre-hook zeroes that head's slice of the input of
-its layer's output projection: the head then adds nothing), and rank the heads by the damage.
-LSTM/GRU: hold one gate of one layer at 0 or at 1 at every step ("what if the forget gate were always
-open"), or zero units of a layer's hidden state, through the step-by-step recomputation of the gates
-(charlm.models.probes), then the model's own head on the resulting states.
+Every part goes through the family's knock_out (models/inspect.py), so `charlm explore` measures the same:
+an attention family's heads one at a time (the head's output held at 0: it then adds nothing), ranked by the
+damage; a gated family's gates held at 0 or at 1 at every step ("what if the forget gate were always open"),
+where it has gates, and units of a layer's hidden state zeroed (the busiest, and as many at random).
 """
 
 from __future__ import annotations
 
 import codecs
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from charlm.data import bits_per_char, trained_positions
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
 from charlm.lab.result import Chart, Clock, LabResult, record
-from charlm.lab.training import TARGETS, load_run
-from charlm.models.probes import GRU_GATES, LSTM_GATES, trace_model
+from charlm.lab.training import load_run
+from charlm.models import Part, lacks
+from charlm.models.inspect import each_part, knocked, knockouts, nats
 
 DEFAULTS = dict(max_chars=8192, rows=16, units=8)
 QUICK = dict(max_chars=1024, rows=4, units=4)
@@ -51,18 +50,11 @@ def _ids(ck, text: str | None, max_chars: int) -> Scored:
     kept = ck.path.parent / "corpus.txt"
     if kept.is_file():
         ids = _encode(ck, kept, max_chars)
-        targets = kept.parent / TARGETS
-        if targets.is_file() and ck.tokenizer.kind == "char":  # a lab run: one token a character
-            try:
-                mask = np.load(targets, allow_pickle=False)[: len(ids)]
-            except Exception as e:  # empty (EOFError), garbage, an object array (ValueError): damaged
-                raise ConfigError(
-                    f"{targets} is damaged ({type(e).__name__}): train the lab run again, or remove it to score "
-                    f"{kept} as plain text"
-                ) from None
+        mask = trained_positions(kept, ids, ck.tokenizer)  # a lab run's
+        if mask is not None:
             newline = ck.tokenizer.encode("\n")
             starts = [i for i, t in enumerate(ids) if [t] == newline]
-            if len(mask) == len(ids) and mask.dtype == bool and starts:
+            if starts:
                 return Scored(ids, f"{kept} (the characters its task determines)", mask, starts)
         return Scored(ids, str(kept))
     val, why = validation_part(ck)
@@ -91,59 +83,6 @@ def _encode(ck, path: Path, max_chars: int) -> list[int]:
     return ck.tokenizer.encode(body[:max_chars], unknown="drop")
 
 
-@torch.no_grad()
-def head_knockouts(model, ids: torch.Tensor, keep: torch.Tensor | None = None) -> list[tuple[int, int, float]]:
-    """(layer, head, nats per token) with each head knocked out in turn; ids (B, T + 1), keep: the targets
-    scored (B, T; None: all)."""
-    H = model.cfg.n_heads
-    hs = model.cfg.head_size
-    out = []
-    for layer, block in enumerate(model.blocks):
-        for head in range(H):
-
-            def zero_head(module, args, head=head):
-                y = args[0].clone()
-                y[..., head * hs : (head + 1) * hs] = 0
-                return (y,)
-
-            hook = block.attn.proj.register_forward_pre_hook(zero_head)
-            try:
-                out.append((layer, head, _nats(model(ids[:, :-1])[0], ids, keep)))
-            finally:
-                hook.remove()
-    return out
-
-
-def _nats(logits: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor | None = None) -> float:
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-    return float(nats.mean() if keep is None else nats[keep.reshape(-1)].mean())
-
-
-@torch.no_grad()
-def rnn_nats(model, ids: torch.Tensor, intervene=None, keep: torch.Tensor | None = None) -> float:
-    """Nats per token of an LSTM/GRU reading ids (B, T + 1) from a fresh state, with an intervention."""
-    h = trace_model(model, ids[:, :-1], intervene)[-1].h  # (B, T, hidden)
-    return _nats(model.head(h), ids, keep)
-
-
-def clamp(layer: int, name: str, value: float):
-    def intervene(l, n, v):
-        return torch.full_like(v, value) if (l, n) == (layer, name) else v
-
-    return intervene
-
-
-def zero_units(layer: int, units: list[int]):
-    def intervene(l, n, v):
-        if (l, n) != (layer, "hidden"):
-            return v
-        v = v.clone()
-        v[:, units] = 0
-        return v
-
-    return intervene
-
-
 def _rows(text: Scored, rows: int, context: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The text cut into `rows` windows of equal length (at most context + 1 tokens each), and which of their
     targets are scored (None: all). A lab run's windows begin where its examples do, as in training."""
@@ -169,44 +108,48 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     ck = load_run(ckpt)
     scored = _ids(ck, text, s["max_chars"])
     model, cfg = ck.model, ck.model_config
-    rnn = "gates" in model.capabilities
-    # an RNN reads each window from a fresh state, as the transformer reads its context: the same windows
-    x, keep = _rows(scored, s["rows"], cfg.context if not rnn or scored.mask is not None else 256)
+    if "knock_out" not in model.capabilities:
+        raise ConfigError(f"lab ablate: {lacks(model, 'knock_out')}")
+    units = model.PART == "unit"
+    # a unit family reads each window from a fresh state, as the transformer reads its context: the same windows
+    x, keep = _rows(scored, s["rows"], cfg.context if not units or scored.mask is not None else 256)
     targets = x[:, 1:] if keep is None else x[:, 1:][keep]
     chars = len(ck.tokenizer.decode(targets.reshape(-1).tolist()))
     tokens = targets.numel()
 
-    def bpc(nats: float) -> float:
-        return nats * tokens / chars / math.log(2)
+    def bpc(value: float) -> float:
+        return bits_per_char(value * tokens, chars=chars)
 
+    base = bpc(nats(model(x[:, :-1])[0], x, keep))
     records = []
-    if not rnn:
-        base = bpc(_nats(model(x[:, :-1])[0], x, keep))
-        for layer, head, nats in head_knockouts(model, x, keep):
-            records.append(
-                record(layer=layer, part=f"head {head}", value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
-            )
+
+    def add(part: Part, label: str, value: float, lost: float, **more) -> None:
+        records.append(
+            record(layer=part.layer, part=label, value=value, bits_per_char=bpc(lost), damage=bpc(lost) - base, **more)
+        )
+
+    if not units:
+        for part, lost in knockouts(model, x, keep, each_part(model)):
+            add(part, f"head {part.which[0]}", 0.0, lost)
     else:
-        base = bpc(rnn_nats(model, x, keep=keep))
-        gates = LSTM_GATES if cfg.kind == "lstm" else GRU_GATES
-        trace = trace_model(model, x[:, :-1])
         gen = np.random.default_rng(seed)
+        n = model.parts(cfg)
+        traces = model.trace(x[:, :-1]) if "gates" in model.capabilities else None
         for layer in range(cfg.n_layers):
             progress(f"ablating layer {layer} of {cfg.n_layers}")
-            for name in gates:
+            for name in traces[layer].gates if traces else ():
                 for value in (0.0, 1.0):
-                    nats = rnn_nats(model, x, clamp(layer, name, value), keep)
-                    records.append(
-                        record(layer=layer, part=name, value=value, bits_per_char=bpc(nats), damage=bpc(nats) - base)
-                    )
-            spread = trace[layer].h.reshape(-1, cfg.d_model).std(dim=0).numpy()
-            busy = [int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]]
-            calm = [int(u) for u in gen.choice(cfg.d_model, s["units"], replace=False)]
-            for label, units in ((f"{s['units']} busiest units", busy), (f"{s['units']} random units", calm)):
-                nats = rnn_nats(model, x, zero_units(layer, units), keep)
-                records.append(
-                    record(layer=layer, part=label, value=0.0, bits_per_char=bpc(nats), damage=bpc(nats) - base)
-                )
+                    with knocked(model, part := Part(layer, "gate", gate=name, value=value)):
+                        add(part, name, value, nats(model(x[:, :-1])[0], x, keep))
+            chosen = {f"{s['units']} random units": [int(u) for u in gen.choice(n, min(s["units"], n), replace=False)]}
+            if traces:  # the units whose output varies most (what the gate viewer shows first)
+                spread = traces[layer].h.reshape(-1, n).std(dim=0).numpy()
+                chosen[f"{s['units']} busiest units"] = [
+                    int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]
+                ]
+            for label, picked in sorted(chosen.items()):
+                ((part, lost),) = knockouts(model, x, keep, [Part(layer, model.PART, tuple(picked))])
+                add(part, label, 0.0, lost, units=list(picked))
     records.sort(key=lambda r: -r["damage"])
     for rank, r in enumerate(records, 1):
         r["rank"] = rank
@@ -239,7 +182,7 @@ def reading(records: list[dict], base: float, kind: str) -> str:
     top = records[0]
     least = records[-1]
     parts = [f"Intact, the {kind.upper() if kind != 'transformer' else 'Transformer'} scores {base:.3f} bits/char."]
-    if kind == "transformer":
+    if top["part"].startswith("head "):
         harmless = [r for r in records if abs(r["damage"]) < 0.01]
         parts.append(
             f"Knocking out {_name(top)} hurts most (+{top['damage']:.3f}), {_name(least)} least "
@@ -261,7 +204,7 @@ def reading(records: list[dict], base: float, kind: str) -> str:
     )
     forget = {(r["layer"], r["value"]): r["damage"] for r in records if r["part"] in ("forget", "update")}
     if forget:
-        gate = "forget" if kind == "lstm" else "update"
+        gate = next(r["part"] for r in records if r["part"] in ("forget", "update"))
         open_, shut = (
             [v for (l, val), v in forget.items() if val == 1.0],
             [v for (l, val), v in forget.items() if val == 0.0],

@@ -22,12 +22,12 @@ import torch
 from charlm.errors import ConfigError
 from charlm.lab.result import Chart, Clock, LabResult, record
 from charlm.lab.training import load_run
+from charlm.models import lacks
+from charlm.models.inspect import entropy, offset_profile, role
 from charlm.models.probes import capture_attention
 
 QUICK: dict = {}
-PREVIOUS, INDUCTION, OFFSET = 0.4, 0.3, 0.4  # scores from which a head is named for that pattern
 PERIODS = 4  # probes, of periods spread up to half the context
-LOCAL = 2.5  # mean distance (tokens) up to which a head is local
 
 CHART = Chart(
     "head_id", ("previous", "induction", "offset_weight"), None, "head (layer × heads + head)", "score"
@@ -58,7 +58,7 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
     sim = unit @ unit.T
     np.fill_diagonal(sim, -np.inf)
     uniform_entropy = float(np.mean(np.log2(rows + 1)))
-    at_offset = offsets(weights)  # (L, H, T): mean weight d tokens back
+    at_offset = offset_profile(weights)  # (L, H, T): mean weight d tokens back
     out = []
     for layer in range(L):
         for head in range(H):
@@ -66,8 +66,7 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
             prev = float(w[rows, rows - 1].mean())
             ind = float(w[rep, rep - period + 1].mean())
             dist = float((w[rows] * back[rows]).sum(axis=1).mean())
-            p = w[rows]
-            ent = float(np.mean(-np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p, 1)), 0), axis=1)))
+            ent = entropy(w[rows])
             k = layer * H + head
             d = int(np.argmax(at_offset[layer, head, 2:])) + 2 if T > 2 else 1
             near = int(np.argmax(sim[k])) if L * H > 1 else k
@@ -88,33 +87,6 @@ def score_heads(weights: np.ndarray, period: int) -> list[dict]:
                 )
             )
     return out
-
-
-def offsets(weights: np.ndarray) -> np.ndarray:
-    """(L, H, T): each head's mean weight on the token d back, over the queries that have one, for d < T."""
-    L, H, T, _ = weights.shape
-    out = np.zeros((L, H, T))
-    for d in range(T):
-        q = np.arange(d, T)
-        out[:, :, d] = weights[:, :, q, q - d].mean(axis=-1)
-    return out
-
-
-def role(prev: float, ind: float, dist: float, ent: float, uniform_entropy: float, offset: float = 0.0) -> str:
-    """A head's name from its scores: induction only where its induction score beats both its previous-token
-    score and the weight it puts at its one fixed offset (over several periods, a head that looks a fixed
-    distance back scores as induction at one period alone)."""
-    if ind >= INDUCTION and ind >= prev and ind > offset:
-        return "induction"
-    if prev >= PREVIOUS:
-        return "previous-token"
-    if offset >= OFFSET:
-        return "fixed offset"
-    if dist <= LOCAL:
-        return "local"
-    if ent >= 0.5 * uniform_entropy:
-        return "global"
-    return "distant"  # focused, but far back, at no one distance
 
 
 def periods_for(context: int, longest: int = 64) -> list[int]:
@@ -142,7 +114,7 @@ def score_probes(probes: list[tuple[np.ndarray, int]]) -> list[dict]:
     total, reach = 0.0, np.zeros(T)
     for w, _ in probes:
         prof = np.zeros(w.shape[:2] + (T,))
-        prof[:, :, : w.shape[-1]] = offsets(w)
+        prof[:, :, : w.shape[-1]] = offset_profile(w)
         total = total + prof
         reach[: w.shape[-1]] += 1
     mean_profile = total / np.maximum(reach, 1)  # (L, H, T)
@@ -179,23 +151,21 @@ def run(ckpt: str, seed: int = 0, text=None, progress=print, period: int | None 
     clock = Clock()
     ck = load_run(ckpt)
     if "attention" not in ck.model.capabilities:
-        raise ConfigError(
-            f"{ckpt} is an {ck.model_config.kind.upper()}: it has no attention heads; "
-            "try charlm lab ablate for its gates"
-        )
+        hint = "; charlm lab ablate knocks out its parts" if "knock_out" in ck.model.capabilities else ""
+        raise ConfigError(f"lab heads: {lacks(ck.model, 'attention')} ({ckpt}){hint}")
     periods = [period] if period else periods_for(ck.model_config.context)
     records = score_periods(ck.model, ck.tokenizer, periods, seed)
     return LabResult(
         "heads",
         {"checkpoint": str(ck.path), "periods": periods, "seed": seed},
         records,
-        reading(records, periods),
+        reading(records, periods, prunable="prune" in ck.model.capabilities),
         CHART,
         seconds=clock(),
     )
 
 
-def reading(records: list[dict], periods: list[int]) -> str:
+def reading(records: list[dict], periods: list[int], prunable: bool = True) -> str:
     def name(r):
         return f"L{r['layer']}H{r['head']}"
 
@@ -232,7 +202,8 @@ def reading(records: list[dict], periods: list[int]) -> str:
     if twins:
         parts.append(
             f"{len(twins)} head(s) attend almost like another one (cosine ≥ 0.9), e.g. "
-            f"{name(twins[0])} and {twins[0]['nearest']}: candidates for pruning."
+            f"{name(twins[0])} and {twins[0]['nearest']}"
+            + (": candidates for pruning." if prunable else " (this model's heads cannot be pruned).")
         )
     parts.append(
         f"Draw one with: charlm attn CKPT --prompt TEXT --layer {best_ind['layer']} --head {best_ind['head']}."

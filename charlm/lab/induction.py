@@ -15,9 +15,12 @@ evaluation interval in which it moves most on a log scale -- the loss where it f
 (a log already: -log p), a score where it grows by the largest factor (a head's weight on a key grows
 as the exponential of its logit) -- and the two coincide when that is the same interval.
 
-Then the cause: the induction head named at the end is knocked out (ablate.head_knockouts: its output
-zeroed) and the loss on the repeat measured again, beside every other head knocked out alone. If the
+Then the cause: the induction head named at the end is knocked out (models/inspect.py, the family's
+knock_out) and the loss on the repeat measured again, beside every other head knocked out alone. If the
 named head is the mechanism, the loss comes back toward guessing without it, and not without the others.
+Each knock-out is made twice: zero-ablation (the head's output held at 0) and mean-ablation (held at its
+mean over the positions read), which keeps what the head adds on average, so that a loss that rises under
+both comes from what the head says about each position, not from the shift of taking its output away.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import torch
 
 from charlm.config import ModelConfig
 from charlm.lab import tasks
-from charlm.lab.ablate import _nats, head_knockouts
 from charlm.lab.heads import probe_ids, score_heads
 from charlm.lab.result import Chart, Clock, LabResult, record, seeds_of
 from charlm.lab.scoring import scored
 from charlm.lab.training import INDUCTION_INIT, lab_train_config, lab_trainer
+from charlm.models.inspect import each_part, knockouts, whole_layer
 from charlm.models.probes import capture_attention
 
 DEFAULTS = dict(
@@ -96,7 +99,8 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
             curve.append(measure(trainer.model, trainer.tokenizer, fresh, probes, step, seed_))
         records += curve
         found.append(found_circuit(curve, seed_, str(out / name)))
-        found[-1]["knockouts"] = knockouts(trainer.model, trainer.tokenizer, fresh)
+        found[-1]["knockouts"] = repeat_losses(trainer.model, trainer.tokenizer, fresh)
+        found[-1]["mean_knockouts"] = repeat_losses(trainer.model, trainer.tokenizer, fresh, mode="mean")
         runs.append(str(out / name))
     example = tasks.examples("induction", 12, 1, seed + 30_000)[0].text
     return LabResult(
@@ -148,15 +152,16 @@ def measure(model, tokenizer, fresh, probes: list[tuple[list[int], int]], step: 
 
 
 @torch.no_grad()
-def knockouts(model, tokenizer, fresh: list) -> dict[str, float]:
-    """The loss on the repeat (nats): intact ("none"), with each head knocked out alone ("L1H0", ...;
-    ablate.head_knockouts) and with every head of a layer knocked out at once ("L1")."""
+def repeat_losses(model, tokenizer, fresh: list, mode: str = "zero") -> dict[str, float]:
+    """The loss on the repeat (nats): intact ("none"), with each head knocked out alone ("L1H0", ...) and with
+    every head of a layer knocked out at once ("L1"); mode: zero- or mean-ablation (models/inspect.py)."""
     model.eval()
     sums: dict[str, float] = {}
     count = 0
     by_length: dict[int, list] = {}
     for e in fresh:
         by_length.setdefault(len(e.text), []).append(e)
+    layers = [whole_layer(model, layer) for layer in range(model.cfg.n_layers)]
     for group in by_length.values():
         ids = torch.tensor([tokenizer.encode("\n" + e.text) for e in group])
         keep = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
@@ -164,13 +169,8 @@ def knockouts(model, tokenizer, fresh: list) -> dict[str, float]:
             keep[row, e.targets] = True  # logits at p predict text[p]
         n = int(keep.sum())
         losses = {"none": scored(model, tokenizer, group)[1]}
-        losses |= {f"L{layer}H{head}": nats for layer, head, nats in head_knockouts(model, ids, keep)}
-        for layer, block in enumerate(model.blocks):
-            hook = block.attn.proj.register_forward_pre_hook(lambda module, args: (torch.zeros_like(args[0]),))
-            try:
-                losses[f"L{layer}"] = _nats(model(ids[:, :-1])[0], ids, keep)
-            finally:
-                hook.remove()
+        for part, nats in knockouts(model, ids, keep, each_part(model) + layers, mode):
+            losses[str(part) if part.which else f"L{part.layer}"] = nats
         for k, v in losses.items():
             sums[k] = sums.get(k, 0.0) + v * n
         count += n
@@ -212,7 +212,7 @@ def found_circuit(curve: list[dict], seed: int, run: str) -> dict:
 
 def knockout_reading(f: dict, chance: float) -> str:
     """What knocking out the named induction head, each other head alone, and its whole layer does to the
-    repeat's loss."""
+    repeat's loss (zero-ablation), and the named head and its layer mean-ablated."""
     k = dict(f["knockouts"])
     intact, named = k.pop("none"), f["induction_head"]
     layer = named.split("H")[0]
@@ -231,7 +231,19 @@ def knockout_reading(f: dict, chance: float) -> str:
     )
     if whole is not None:
         text += f"; all of layer {layer[1:]}'s heads at once, {whole:.2f} ({way(whole)})"
-    return text + "."
+    text += "."
+    if "mean_knockouts" in f:
+        m = f["mean_knockouts"]
+        text += (
+            f" Held at its mean instead of 0, {named} gives {m[named]:.2f} ({way(m[named])})"
+            + (f", layer {layer[1:]}'s heads {m[layer]:.2f}" if layer in m else "")
+            + (
+                ": the loss rises under both, so it is what the head says about each position that matters."
+                if m[named] > intact + 0.5 * (without - intact)
+                else ": most of the zero-ablation's rise is the loss of the head's average output."
+            )
+        )
+    return text
 
 
 def reading(found: list[dict], s: dict, example: str) -> str:

@@ -15,6 +15,7 @@ import torch
 from charlm import checkpoint, files
 from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.config import ModelConfig, TrainConfig
+from charlm.data import TARGETS
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
 from charlm.models import config_params
@@ -22,7 +23,6 @@ from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", LAST, BEST, OLD_LAST, OLD_BEST, "metrics.jsonl")  # (an older charlm's too)
-TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Probes: numbers read off a model's forward pass, for the viewers (charlm attn / gates, chat's /attn and
 /gates) and for experiments that score what a model learned. Nothing here draws or prints.
 
-  capture_attention(model, ids) -> (offset, weights)   a transformer's attention, weights (L, nh, T, T)
+  capture_attention(model, ids) -> (offset, weights)   an attention family's weights (L, nh, T, T)
   head_stats(weights) -> [HeadStats]                   entropy, distance looked back, most common offset
-  trace_gates(model, ids) -> (offset, [LayerTrace])    an LSTM/GRU's gates and states, one trace per layer
+  trace_gates(model, ids) -> (offset, [LayerTrace])    a gated family's gates and states, one trace per layer
+
+Each reads the family's own trace(idx) (models/__init__.py); trace_rnn below is the LSTM/GRU's.
 
 Gates: PyTorch's fused kernels return only the hidden states; to see the gates we re-run each layer's
 equations in Python with the layer's own weights (torch.nn.LSTM / GRU docs):
@@ -32,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from charlm.errors import ConfigError
+from charlm.models.inspect import common_offset, entropy
 
 MAX_GATE_TOKENS = 2048  # longer texts: the gates of the last ones (the Python loop is ~0.1 ms per step)
 
@@ -110,16 +113,31 @@ def trace_rnn(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state=None, intervene=None
     return traces
 
 
-@torch.no_grad()
-def trace_model(model, idx: torch.Tensor, intervene=None) -> list[LayerTrace]:
-    """The gates of a charlm RNN (an LSTM or GRU language model) reading idx (B, T) from a fresh state."""
-    x = model.tok_emb(idx)  # the dropout after the embedding is off in eval
-    return trace_rnn(model.rnn, x, intervene=intervene)
+def clamp(layer: int, name: str, value: float):
+    """trace_rnn's intervene: gate `name` of `layer` held at `value` at every step."""
+
+    def intervene(l, n, v):
+        return torch.full_like(v, value) if (l, n) == (layer, name) else v
+
+    return intervene
+
+
+def zero_units(layer: int, units: list[int], value=0.0):
+    """trace_rnn's intervene: the hidden state of `units` of `layer` held at 0 (or at value: one a unit)."""
+
+    def intervene(l, n, v):
+        if (l, n) != (layer, "hidden"):
+            return v
+        v = v.clone()
+        v[:, units] = value
+        return v
+
+    return intervene
 
 
 @torch.no_grad()
 def trace_gates(model, ids: list[int], max_tokens: int = MAX_GATE_TOKENS) -> tuple[int, list[LayerTrace]]:
-    """The gates of an LSTM/GRU model reading the last `max_tokens` of ids from a fresh state, in eval mode;
+    """The gates of a gated family's model reading the last `max_tokens` of ids from a fresh state, in eval mode;
     returns (offset, traces): traces[l] is layer l, position t of it is token offset+t."""
     if not ids:
         raise ConfigError("there is no text to look at yet: give a prompt first")
@@ -128,7 +146,7 @@ def trace_gates(model, ids: list[int], max_tokens: int = MAX_GATE_TOKENS) -> tup
     was_training = model.training
     model.eval()
     try:
-        return offset, trace_model(model, torch.tensor([ids[offset:]], dtype=torch.long, device=device))
+        return offset, model.trace(torch.tensor([ids[offset:]], dtype=torch.long, device=device))
     finally:
         model.train(was_training)
 
@@ -136,19 +154,17 @@ def trace_gates(model, ids: list[int], max_tokens: int = MAX_GATE_TOKENS) -> tup
 def capture_attention(model, ids: list[int]) -> tuple[int, np.ndarray]:
     """Run the last `context` tokens of ids through the model once; return (offset, weights) where
     weights[l, h, i, j] is how much token offset+i attended to token offset+j in layer l, head h.
-    The weights come from the model's own forward pass (Transformer.forward(attn=[]) takes its explicit
-    softmax path)."""
+    The weights come from the model's own forward pass (its trace: the Transformer's explicit softmax path)."""
     if not ids:
         raise ConfigError("there is no text to look at yet: give a prompt first")
     offset = max(0, len(ids) - model.cfg.context)
     device = next(model.parameters()).device
     idx = torch.tensor([ids[offset:]], dtype=torch.long, device=device)
-    attn: list[torch.Tensor] = []
     was_training = model.training
     model.eval()  # no dropout on the weights we show
     try:
         with torch.no_grad():
-            model(idx, attn=attn)
+            attn = model.trace(idx)
     finally:
         model.train(was_training)
     return offset, torch.stack([a[0] for a in attn]).float().cpu().numpy()  # (L, nh, T, T)
@@ -174,16 +190,9 @@ def head_stats(weights: np.ndarray) -> list[HeadStats]:
     for layer in range(L):
         for head in range(H):
             w = weights[layer, head, 1:].astype(np.float64)  # (T-1, T)
-            if len(w) == 0:
-                ent = dist = 0.0
-                common, share = 0, 1.0
-            else:
-                ent = float(np.mean(-np.sum(np.where(w > 0, w * np.log2(np.where(w > 0, w, 1)), 0), axis=1)))
-                dist = float(np.mean(np.sum(w * back[1:], axis=1)))
-                offsets = i[1:] - w.argmax(axis=1)
-                counts = np.bincount(offsets)
-                common = int(counts.argmax())
-                share = float(counts[common] / len(offsets))
+            dist = float(np.mean(np.sum(w * back[1:], axis=1))) if len(w) else 0.0
+            common, share = common_offset(i[1:] - w.argmax(axis=1) if len(w) else np.zeros(0, dtype=int))
+            ent = entropy(w)
             out.append(HeadStats(layer, head, ent, dist, common, share))
     return out
 

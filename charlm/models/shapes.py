@@ -29,8 +29,11 @@ def transformer(cfg: ModelConfig) -> Shapes:
     return shapes | {"norm.weight": (C,), "head.weight": (cfg.vocab_size, C)}  # tied: tok_emb's
 
 
+GATES = {"lstm": 4, "gru": 3}  # weight blocks stacked in each of an RNN's matrices: i, f, g, o; r, z, n
+
+
 def rnn(cfg: ModelConfig) -> Shapes:
-    gates = {"lstm": 4, "gru": 3}[cfg.kind]  # weight blocks stacked in each matrix: i, f, g, o; r, z, n
+    gates = GATES[cfg.kind]
     C, H = cfg.d_model, cfg.hidden_size
     G = gates * H
     shapes = {"tok_emb.weight": (cfg.vocab_size, C)}

@@ -14,12 +14,16 @@ forward(idx, targets=None, cache=None, attn=None) -> (logits, loss)
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config import ModelConfig
+from charlm.errors import ConfigError
+from charlm.models import Part
 
 
 class KVCache:
@@ -211,7 +215,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    capabilities = frozenset({"attention"})  # attention maps and head statistics (models/probes.py)
+    PART = "head"
     ACTIVATION_BYTES = 192  # fp32, measured as peak RSS on CPU (150-180); SDPA stores no (context²) weights
 
     def __init__(self, cfg: ModelConfig):
@@ -239,6 +243,75 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # GPT-2: scale down what each residual branch adds
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @property
+    def capabilities(self) -> frozenset:
+        # attention maps, head statistics and knock-outs (models/inspect.py); heads pruned, unless ALiBi's
+        # slopes (a function of each head's place among n_heads) would change under the others
+        can = {"attention", "knock_out"}
+        return frozenset(can | ({"prune"} if self.cfg.positions != "alibi" else set()))
+
+    @staticmethod
+    def parts(cfg: ModelConfig) -> int:
+        return cfg.n_heads
+
+    def trace(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's attention weights (B, n_heads, T, T) on idx, from the explicit-softmax path."""
+        attn: list[torch.Tensor] = []
+        self(idx, attn=attn)
+        return attn
+
+    @contextmanager
+    def knock_out(self, part: Part, mode: str = "zero"):
+        """Inside: the part's heads add nothing (zero: their slice of the input of the layer's output
+        projection held at 0; mean: at its mean over the batch's positions)."""
+        if part.kind != "head":
+            raise ValueError(f"a Transformer's parts are heads, not {part.kind}s")
+        hs = self.cfg.head_size
+        cols = [c for h in (part.which or range(self.cfg.n_heads)) for c in range(h * hs, (h + 1) * hs)]
+
+        def hook(module, args):
+            y = args[0].clone()
+            y[..., cols] = 0 if mode == "zero" else y[..., cols].mean(dim=(0, 1), keepdim=True)
+            return (y,)
+
+        handle = self.blocks[part.layer].attn.proj.register_forward_pre_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @torch.no_grad()
+    def importance(self, idx: torch.Tensor) -> np.ndarray:
+        """(layers, heads): nats per token lost on idx (B, T + 1) when each head alone is knocked out."""
+        from charlm.models.inspect import knockouts, nats
+
+        base = nats(self(idx[:, :-1])[0], idx)
+        out = np.zeros((self.cfg.n_layers, self.cfg.n_heads))
+        for part, lost in knockouts(self, idx):
+            out[part.layer, part.which[0]] = lost - base
+        return out
+
+    @staticmethod
+    def prune(cfg: ModelConfig, state: dict, importance: np.ndarray, k: int) -> tuple[ModelConfig, dict, list]:
+        """Without the k least important heads of each layer, sliced out of qkv and proj: (config, state dict,
+        [(layer, head), ...]). The config says so (n_heads, head_dim)."""
+        from dataclasses import replace
+
+        H, hs = cfg.n_heads, cfg.head_size
+        A = H * hs
+        if k and cfg.positions == "alibi":  # each head's slope is set by its place among n_heads: others would shift
+            raise ConfigError("cannot prune an ALiBi model's heads (its slopes follow the number of heads)")
+        state, dropped = dict(state), []
+        for layer in range(cfg.n_layers):
+            gone = sorted(int(h) for h in np.argsort(importance[layer], kind="stable")[:k])
+            kept = [h for h in range(H) if h not in gone]
+            dropped += [(layer, h) for h in gone]
+            cols = torch.tensor([h * hs + i for h in kept for i in range(hs)], dtype=torch.long)
+            qkv, proj = f"blocks.{layer}.attn.qkv.weight", f"blocks.{layer}.attn.proj.weight"
+            state[qkv] = torch.cat([state[qkv][part * A + cols] for part in range(3)])  # q, k, v rows of kept heads
+            state[proj] = state[proj][:, cols].contiguous()
+        return replace(cfg, n_heads=H - k, head_dim=hs), state, dropped
 
     @property
     def window(self) -> int:
