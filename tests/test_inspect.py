@@ -156,7 +156,7 @@ def test_lab_heads_suggests_pruning_only_where_compress_can(tmp_path):
         torch.manual_seed(0)
         model = build_model(ModelConfig(kind="transformer", vocab_size=12, n_layers=1, d_model=16, n_heads=2,
                                         context=16, positions=positions))  # fmt: skip
-        checkpoint.save(saved_model(model, "abcdefghijk\n"), tmp_path / positions / "best.pt")
+        checkpoint.save(saved_model(model, "abcdefghijk\n"), tmp_path / positions / "best.safetensors")
         readings[positions] = heads.run(str(tmp_path / positions)).reading
     assert (
         "attend almost like another one" in readings["alibi"] and "attend almost like another one" in readings["rope"]
