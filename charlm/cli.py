@@ -335,7 +335,8 @@ def explore(ckpt, text, **flags):
     from charlm.commands.explore import load
     from charlm.explore_app import explore as run_app
 
-    run_app(*load(ckpt, text, opts), opts)
+    if shot := run_app(*load(ckpt, text, opts), opts):
+        out_console().print(safe(f"wrote the first screen ({opts.size}) to {shot}"), soft_wrap=True)
 
 
 @command(

@@ -82,7 +82,7 @@ def test_attention_shown_is_the_probe_s_for_that_query(loaded, kind):
         for keys, layer, head in [((), 1, 0), (("up",), 0, 0), (("right_square_bracket",), 0, 1), (("a",), 0, None)]:
             await pilot.press(*keys, *["left"] * 7)
             await pilot.pause()
-            assert (app.layer, app.head) == (layer, head)
+            assert (app.view.layer_no, app.view.head) == (layer, head)
             i = app.cursor
             a = int(app.scene.seen_from[i])  # the window i is read in
             assert i - a >= ctx // 2 - 1 or a == 0  # it sees at least half a context
@@ -90,7 +90,7 @@ def test_attention_shown_is_the_probe_s_for_that_query(loaded, kind):
             assert offset == a
             row = w[layer, :, i - offset] if head is None else w[layer, head, i - offset]
             row = row.mean(axis=0) if head is None else row
-            shown = app.attention()
+            shown = app.view.values(app.cursor)
             np.testing.assert_allclose(shown[a : i + 1], row[: i + 1 - a], atol=1e-6)
             assert shown[:a].sum() == 0 and shown[i + 1 :].sum() == 0
             top, weight = app.scene.top_keys(i, layer, head)[0]
@@ -114,8 +114,8 @@ def test_direction_flips_to_the_tokens_that_looked_at_it(loaded):
         await pilot.press("d")
         await pilot.pause()
         j = app.cursor
-        assert (j, app.looking) == (50, "from")
-        shown = app.attention()
+        assert (j, app.view.looking) == (50, "from")
+        shown = app.view.values(app.cursor)
         probes = {}  # one probe a window
         for q in range(len(ids)):
             a = int(app.scene.seen_from[q])
@@ -125,7 +125,9 @@ def test_direction_flips_to_the_tokens_that_looked_at_it(loaded):
             if a not in probes:
                 probes[a] = capture_attention(ck.model, ids[: a + ctx])
             offset, w = probes[a]
-            assert shown[q] == pytest.approx(float(w[app.layer, app.head, q - offset, j - offset]), abs=1e-6)
+            assert shown[q] == pytest.approx(
+                float(w[app.view.layer_no, app.view.head, q - offset, j - offset]), abs=1e-6
+            )
 
     drive(app, then=check)
 
@@ -197,12 +199,12 @@ def test_knock_out_matches_lab_ablate(loaded, tmp_path):
     async def check(app, pilot):
         await pilot.press("right_square_bracket", "x")
         await pilot.pause()
-        assert (app.layer, app.head, app.mode) == (1, 1, "knockout")
+        assert (app.view.layer_no, app.view.head, app.mode) == (1, 1, "knockout")
         result = ablate.run(str(ck.path), text=str(tmp_path / "t.txt"), rows=1)
         theirs = next(r for r in result.results if r["layer"] == 1 and r["part"] == "head 1")
         assert app.knocked.change == pytest.approx(theirs["damage"], abs=1e-4)
         assert app.scene.bpc == pytest.approx(result.settings["baseline_bits_per_char"], abs=1e-3)
-        assert f"({app.knocked.change:+.3f})" in str(app.query_one("#panel").render())
+        assert f"({app.knocked.change:+.3f})" in str(app.query_one("#note").render())
         screen = re.sub(r"\s", "", svg_text(app.export_screenshot()))
         assert "lossrosemostat" in screen  # on screen, not cut off (the panel wraps it)
         rise = np.clip(app.knocked.rise, 0, None)
@@ -221,7 +223,7 @@ def test_keys_move_the_cursor_layer_and_head(loaded):
     n = len(app.scene.ids)
 
     async def check(app, pilot):
-        assert (app.cursor, app.layer, app.head) == (n - 1, 1, 0)
+        assert (app.cursor, app.view.layer_no, app.view.head) == (n - 1, 1, 0)
         await pilot.press("home")
         assert app.cursor == 0
         await pilot.press("left", "right", "right")
@@ -229,19 +231,19 @@ def test_keys_move_the_cursor_layer_and_head(loaded):
         await pilot.press("end", "right")
         assert app.cursor == n - 1
         await pilot.press("down", "up", "up", "up")
-        assert app.layer == 0
+        assert app.view.layer_no == 0
         await pilot.press(*["right_square_bracket"] * 3)
-        assert app.head == 1
+        assert app.view.head == 1
         await pilot.press("a")
-        assert app.head is None and "mean of the layer's heads" in str(app.query_one("#grid").render())
+        assert app.view.head is None and "mean of the layer's heads" in str(app.query_one("#grid").render())
         await pilot.press("a", "d", "d")
-        assert (app.head, app.looking) == (0, "to")
+        assert (app.view.head, app.view.looking) == (0, "to")
         await pilot.press("question_mark")
         await pilot.pause()
-        assert type(app.screen).__name__ == "Keys"
+        assert type(app.screen).__name__ == "Help"
         await pilot.press("space")
         await pilot.pause()
-        assert type(app.screen).__name__ != "Keys"
+        assert type(app.screen).__name__ != "Help"
         await pilot.press("q")
         await pilot.pause()
         assert app.return_code == 0
@@ -267,13 +269,13 @@ def test_a_click_on_the_head_grid_selects_that_head(loaded):
     app = new_app(loaded["tf"], TWO_LINES)
 
     async def check(app, pilot):
-        cell = app.cell_width()
-        await pilot.click("#grid", offset=(1 + 4 + cell + 2, 1))  # padding, 'L0  ', then into the second cell
+        cell = app.view.cell_width()
+        await pilot.click("#grid", offset=(1 + 4 + cell + 2, 2))  # padding, 'L0  ', then into the second cell
         await pilot.pause()
-        assert (app.layer, app.head) == (0, 1)
-        await pilot.click("#grid", offset=(1 + 4 + 2, 2))
+        assert (app.view.layer_no, app.view.head) == (0, 1)
+        await pilot.click("#grid", offset=(1 + 4 + 2, 3))  # (rows 0, 1: the title, H0 H1)
         await pilot.pause()
-        assert (app.layer, app.head) == (1, 0)
+        assert (app.view.layer_no, app.view.head) == (1, 0)
 
     drive(app, then=check)
 
@@ -356,10 +358,10 @@ def test_gate_values_shown_are_charlm_gates(loaded, kind):
     async def check(app, pilot):
         await pilot.press("left_square_bracket", "down", "down", *["left"] * 5)
         await pilot.pause()
-        assert app.layer == 0 and app.unit == app.order[2]
+        assert app.view.layer_no == 0 and app.view.unit == app.view.order[2]
         ref = trace_gates_view(ck.model, ids, GatesConfig(layer=0)).trace
-        t, u = app.cursor, app.unit
-        shown = app.unit_values()
+        t, u = app.cursor, app.view.unit
+        shown = app.view.values_at(app.cursor)
         for name, v in ref.gates.items():
             assert shown[name] == pytest.approx(float(v[0, t, u]), abs=1e-6)
         assert shown["hidden"] == pytest.approx(float(ref.h[0, t, u]), abs=1e-6)
@@ -369,11 +371,11 @@ def test_gate_values_shown_are_charlm_gates(loaded, kind):
         first = next(iter(ref.gates))
         assert f"{first} {float(ref.gates[first][0, t, u]):.2f}" in panel
         # g cycles what shades the text: the shading is that quantity of the unit
-        quantities, before = app.scene.quantities, app.quantity
+        quantities, before = app.scene.quantities, app.view.quantity
         await pilot.press("g")
-        assert app.quantity == quantities[(quantities.index(before) + 1) % len(quantities)]
-        values = app.scene.values(0, app.quantity)[:, u]
-        scale = np.abs(values).max() if app.quantity in ("cell", "new", "cell state", "hidden") else 1.0
+        assert app.view.quantity == quantities[(quantities.index(before) + 1) % len(quantities)]
+        values = app.scene.values(0, app.view.quantity)[:, u]
+        scale = np.abs(values).max() if app.view.quantity in ("cell", "new", "cell state", "hidden") else 1.0
         np.testing.assert_allclose(app.shading() * scale, values, atol=1e-6)
 
     drive(app, then=check)
@@ -393,15 +395,15 @@ def test_search_finds_the_unit_that_follows_the_line_position(loaded):
     async def check(app, pilot):
         await pilot.press("slash", *"line", "enter")
         await pilot.pause()
-        assert app.behaviour == "line"
-        cell = app.scene.values(app.layer, "cell state")
+        assert app.view.behaviour == "line"
+        cell = app.scene.values(app.view.layer_no, "cell state")
         r = [abs(np.corrcoef(cell[:, u], col)[0, 1]) for u in range(cell.shape[1])]
-        assert app.unit == int(np.argmax(r))
+        assert app.view.unit == int(np.argmax(r))
         await pilot.press("down")
-        assert app.unit == int(np.argsort(r)[-2])
+        assert app.view.unit == int(np.argsort(r)[-2])
         await pilot.press("slash", *"nothing", "enter")  # an unknown behaviour: a message, nothing changes
         await pilot.pause()
-        assert app.behaviour == "line"
+        assert app.view.behaviour == "line"
 
     drive(app, then=check)
 
@@ -414,10 +416,10 @@ def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded, kind, keys):
     async def check(app, pilot):
         await pilot.press(*keys, "x")
         await pilot.pause()
-        assert app.layer == (0 if keys else 1)
+        assert app.view.layer_no == (0 if keys else 1)
         ids = torch.tensor([app.scene.ids])
         base = ablate.rnn_nats(ck.model, ids)
-        hurt = ablate.rnn_nats(ck.model, ids, ablate.zero_units(app.layer, [app.unit]))
+        hurt = ablate.rnn_nats(ck.model, ids, ablate.zero_units(app.view.layer_no, [app.view.unit]))
         chars = len(ck.tokenizer.decode(app.scene.ids[1:]))
         tokens = len(app.scene.ids) - 1
         assert app.knocked.change == pytest.approx((hurt - base) * tokens / chars / math.log(2), abs=1e-5)
