@@ -125,7 +125,11 @@ class HeadView(View):
             return out
         lab = s.label(self.layer_no, self.head)
         out.append(f"L{self.layer_no}H{self.head}", style="bold")
-        out.append(f" {lab.name} · prev {num(lab.previous)} ind {num(lab.induction)} ent {lab.entropy:.1f}b")
+        used = len(out.plain.rsplit("\n", 1)[-1])
+        for part in (lab.name, f"· prev {num(lab.previous)}", f"ind {num(lab.induction)}", f"ent {lab.entropy:.1f}b"):
+            fits = used + 1 + len(part) <= self.width() - 2  # (its padding) a label never parted from its value
+            out.append(f" {part}" if fits else f"\n{part}")
+            used = used + 1 + len(part) if fits else len(part)
         return out
 
     def click(self, x: int, y: int) -> None:

@@ -297,10 +297,18 @@ def test_edit_re_runs_the_text(loaded):
         await pilot.press("e", "escape")  # Esc: nothing changes
         assert app.scene.ids == ck.tokenizer.encode("JULIET:\nO Romeo") and not app.prompting
         await pilot.press("e")
-        box.value = "price: 5€"  # a character the model never saw (--unknown error): a message, no change
+        box.value = "O Romeo€"  # a character the model never saw (--unknown error): a message, no change
         await pilot.press("enter")
         await pilot.pause()
         assert app.scene.ids == ck.tokenizer.encode("JULIET:\nO Romeo") and app.is_running
+        # issue 37: said in the app (no command-line flags), the typed text kept in the editor to be put right
+        note = str(app.query_one("#note").render())
+        assert "never saw '€'" in note and "--unknown" not in note
+        assert box.display and box.value == "O Romeo€" and app.prompting == "edit"
+        box.value = "O Romeo"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.scene.ids == ck.tokenizer.encode("O Romeo") and not box.display and not app.message
 
     drive(app, then=check)
 
@@ -437,7 +445,7 @@ def seeded(kind: str) -> tuple:
     return build_model(cfg).eval(), CharTokenizer(chars)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (140, 40)])
+@pytest.mark.parametrize("size", [(80, 24), (140, 40), (60, 20)])
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
 def test_snapshot(snap_compare, kind, size):
     model, tok = seeded(kind)
@@ -557,3 +565,230 @@ def test_a_text_past_the_limit_shows_its_last_tokens_and_says_so(loaded, kind, m
         assert "the text's last 100 tokens" in str(app.query_one("#title").render())
 
     drive(app, then=check)
+
+
+# ---- issue 37 and 38: a student's walk at 60 × 20, 80 × 24 and 120 × 40 -----------------------------------
+
+SIZES = [(60, 20), (80, 24), (120, 40)]
+
+
+def screen(app) -> str:
+    return re.sub(r"\s", "", svg_text(app.export_screenshot()))
+
+
+def seeded_app(kind: str, text: str = VIEW_TEXT[:200], **kw) -> ExploreApp:
+    model, tok = seeded(kind)
+    return ExploreApp(model, tok, tok.encode(text), name="seeded", **kw)
+
+
+def help_text(app) -> str:
+    from textual.widgets import Static
+
+    return str(app.screen.query_one(Static).render())
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_help_then_two_quick_keys_closes_it_once(kind):
+    """Issue 38: `?` then two keys queued before the first closed the help ended in Textual's "ScreenStackError:
+    Can't pop screen" traceback."""
+    from textual import events
+
+    async def check(app, pilot):
+        await pilot.press("question_mark")
+        await pilot.pause()
+        help_screen = app.screen
+        assert type(help_screen).__name__ == "Help"
+        help_screen.post_message(events.Key("a", "a"))
+        help_screen.post_message(events.Key("b", "b"))
+        await pilot.pause()
+        await pilot.pause()
+        assert type(app.screen).__name__ != "Help" and app.is_running
+
+    drive(seeded_app(kind), size=(60, 20), then=check)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_a_one_token_text_says_so_without_warnings_or_nan(kind):
+    """Issue 38: x on a one-token text (or a text edited down to one character) ended in "ValueError: zero-size
+    array"; one-token texts warned ("Mean of empty slice", "degrees of freedom") and showed nan."""
+    import warnings
+
+    async def check(app, pilot):
+        assert "nan" not in screen(app).lower() and "onetoken" in screen(app)
+        await pilot.press("x")
+        await pilot.pause()
+        assert app.knocked is None and "nothingtoknockout" in screen(app)
+        await pilot.press("e")
+        app.query_one(Input).value = "ROMEO"
+        await pilot.press("enter", "x")
+        await pilot.pause()
+        assert app.knocked is not None  # five tokens: a knock-out
+        await pilot.press("x", "e")
+        app.query_one(Input).value = "R"
+        await pilot.press("enter", "x", "slash", *"line", "enter")
+        await pilot.pause()
+        assert len(app.scene.ids) == 1 and app.knocked is None and app.is_running
+        assert "nan" not in screen(app).lower()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drive(seeded_app(kind, "R"), size=(60, 20), then=check)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+@pytest.mark.parametrize("off", ["x", "escape"])
+def test_x_again_or_escape_takes_the_knock_out_off(kind, off):
+    """Issue 37: after x there was no way back (x recomputed, Escape did nothing, [knock-out] stayed)."""
+
+    async def check(app, pilot):
+        await pilot.press("x")
+        await pilot.pause()
+        assert app.mode == "knockout" and app.knocked is not None
+        assert "[knock-out: x or Esc off]" in str(app.query_one("#keys").render())
+        await pilot.press(off)
+        await pilot.pause()
+        assert app.mode == "attention" and app.knocked is None
+        assert "knock-out" not in str(app.query_one("#keys").render()) and "without" not in screen(app)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "x again or Esc: back" in help_text(app)
+
+    drive(seeded_app(kind), size=(80, 24), then=check)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_help_quit_and_every_value_stay_on_screen(kind, size):
+    """Issue 37: at 60 × 20 the footer ended before `? keys` and `q`, the title and detail line were cut without
+    their value, and at 80 × 24 the knock-out result was cut mid-sentence."""
+
+    async def check(app, pilot):
+        assert str(app.query_one("#keys").render()).startswith("? help  q quit")
+        shown = screen(app)
+        assert "?helpqquit" in shown and f"{app.scene.bpc:.3f}bits/char" in shown
+        if kind == "transformer":
+            lab = app.scene.label(app.view.layer_no, app.view.head)
+            assert f"ent{lab.entropy:.1f}b" in shown
+        await pilot.press("x")
+        await pilot.pause()
+        k = app.knocked
+        worst = int(np.argmax(k.rise)) + 1
+        assert f"({k.change:+.3f});lossrosemostat" in screen(app)
+        assert f"@{worst}(+{k.rise.max():.2f}bits)" in screen(app)
+
+    drive(seeded_app(kind), size=size, then=check)
+
+
+def test_a_resize_lays_the_head_grid_out_again(loaded):
+    """Issue 37: after a resize the head grid kept its old layout and lost numbers. After each resize the grid
+    is the one an app started at that size draws."""
+
+    async def fresh(size):
+        app = seeded_app("transformer")
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            return str(app.query_one("#grid").render()), app.view.size.width
+
+    async def check(app, pilot):
+        for size in [(120, 40), (60, 20), (80, 24)]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            assert (str(app.query_one("#grid").render()), app.view.size.width) == await fresh(size)
+            for lab in app.scene.labels[-app.scene.heads :]:
+                assert f"{lab.distance:.1f}" in screen(app)
+
+    drive(seeded_app("transformer"), size=(80, 24), then=check)
+
+
+def test_no_previous_token_or_induction_head_points_to_lab_runs():
+    """Issue 37: on a run whose heads all read `global`, the app says so and where such heads are."""
+    app = seeded_app("transformer")
+
+    async def check(app, pilot):
+        assert {lab.role for lab in app.scene.labels}.isdisjoint({"previous-token", "induction"})
+        shown = screen(app)
+        assert "Noprevious-tokenorinductionheadonthistext" in shown
+        assert "charlmlabinduction" in shown and "labcopy--quick" in shown and "induction-transformer-s0" in shown
+
+    drive(app, size=(120, 40), then=check)
+
+
+def test_the_legend_explains_the_grid_and_uses_the_grid_s_names():
+    """Issue 37: no H0–H3 header, no legend; the same head was `far` in the grid and `distant` in the detail line."""
+    from charlm.explore_views import short_name
+
+    far = ex.HeadLabel(0, 0, "distant", 0.0, 0.0, 20.0, 1.0, 7, 0.2)
+    assert short_name(far) == far.name == "distant"
+
+    async def check(app, pilot):
+        assert "H0H1H2H3" in screen(app)
+        await pilot.press("question_mark", "tab")
+        await pilot.pause()
+        shown = help_text(app)
+        for words in ["windows of C", "H0, H1", "prev", "ind", "ent", "red shading", "distant", "grey: tokens"]:
+            assert words in shown, words
+
+    drive(seeded_app("transformer"), size=(120, 40), then=check)
+
+
+def test_ctrl_c_quits_cleanly():
+    async def check(app, pilot):
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert not app.is_running and app.return_code == 0
+
+    drive(seeded_app("lstm"), size=(60, 20), then=check)
+
+
+# ---- LSTM search on the text at hand ----------------------------------------------------------------------
+
+
+def test_quotes_and_brackets_are_the_marks_the_text_uses():
+    texts = list("he said 'don't' and “no” (then [x]) o'er")
+    quotes, used = ex._text_signal(texts, "quotes")
+    inside = "".join(ch for ch, q in zip(texts, quotes) if q)
+    assert inside == "don't'no”" and used == ["'", "“"]  # the apostrophe in don't and o'er opens nothing
+    brackets, used = ex._text_signal(texts, "brackets")
+    assert "".join(ch for ch, b in zip(texts, brackets) if b) == "then [x])" and used == ["(", "["]
+
+
+@pytest.mark.parametrize("query, behaviour", [("/newline", "line"), ("newline", "line"), ("quote", "quotes"),
+                                              ("/brackets", "brackets"), ("sat", "saturated")])  # fmt: skip
+def test_search_synonyms(query, behaviour):
+    assert ex.find_behaviour(query) == behaviour
+
+
+def test_a_search_for_marks_the_text_lacks_says_so_and_keeps_the_order():
+    """Issue 37: the corpus quotes with ' and has no brackets; both searches ranked units by gap/sd 0.00."""
+    text = "ROMEO: 'tis 'soft', what light"
+    torch.manual_seed(0)
+    tok = CharTokenizer(sorted(set(text)))
+    model = build_model(ModelConfig(kind="lstm", n_layers=1, d_model=16, context=48, vocab_size=tok.vocab_size))
+    app = ExploreApp(model.eval(), tok, tok.encode(text), name="quotes")
+
+    async def check(app, pilot):
+        await pilot.press("slash", *"quotes", "enter")
+        await pilot.pause()
+        assert app.view.behaviour == "quotes" and "inside'quotes" in screen(app)
+        order = list(app.view.order)
+        await pilot.press("slash", *"brackets", "enter")
+        await pilot.pause()
+        assert app.view.behaviour == "quotes" and app.view.order == order
+        assert "thistexthasnobrackets" in screen(app)
+
+    drive(app, size=(80, 24), then=check)
+
+
+def test_screenshot_says_where_and_never_writes_through_a_link_or_a_fifo(view_runs, tmp_path):
+    """Issue 38: --screenshot opened its path with open(): through a link it overwrote the target, on a FIFO it
+    hung. Issue 37: it wrote its file silently."""
+    out = tmp_path / "shot.svg"
+    r = cli("explore", view_runs["tf"], "ROMEO", "--screenshot", out, "--size", "60x20")
+    assert r.exit_code == 0 and f"to {out}" in r.output.replace("\n", "")
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me", encoding="utf-8")
+    (tmp_path / "link.svg").symlink_to(target)
+    one_line_error(cli("explore", view_runs["tf"], "ROMEO", "--screenshot", tmp_path / "link.svg"), "symbolic link")
+    assert target.read_text(encoding="utf-8") == "keep me"
+    os.mkfifo(tmp_path / "fifo.svg")
+    one_line_error(cli("explore", view_runs["tf"], "ROMEO", "--screenshot", tmp_path / "fifo.svg"), "a FIFO")
