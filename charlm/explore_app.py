@@ -179,6 +179,8 @@ class ExploreApp(App):
         text = Text(f"{name} · " if name else "", style="bold")
         bpc = f"{s.bpc:.3f} bits/char" if n > 1 else "one token: nothing to predict"
         text.append(f"{kind} · {n} tokens · {bpc}", style="bold")
+        if getattr(s, "scored", None) == "trained positions":  # a lab run on its own corpus (models/inspect)
+            text.append(" · scored on the positions it was trained to predict", style="yellow")
         if s.start:
             text.append(f" · the text's last {n} tokens", style="yellow")
         if not self.rnn and n > s.context:

@@ -528,8 +528,10 @@ def test_control_characters_in_the_text_are_shown_harmless(loaded):
     drive(app, then=check)
 
 
-def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path):
-    """`charlm explore` in a pseudo-terminal (100 × 30): the first screen, a key, q, exit status 0."""
+@pytest.mark.parametrize("quit_key", ["q", "\x03"])
+def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path, quit_key):
+    """`charlm explore` in a pseudo-terminal (100 × 30): the first screen, a key, q (or Ctrl-C, which showed
+    Textual's "Press ctrl+q to quit"), exit status 0."""
     import pexpect
 
     env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
@@ -545,11 +547,11 @@ def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path):
         child.expect("heads: role")
         child.send("]")
         child.expect("L1H1")
-        child.send("q")
+        child.send(quit_key)
         child.expect(pexpect.EOF)
     finally:
         child.close()
-    assert child.exitstatus == 0
+    assert child.exitstatus == 0 and "ctrl+q" not in child.before
 
 
 @pytest.mark.parametrize("kind", ["tf", "lstm"])
@@ -729,6 +731,19 @@ def test_the_legend_explains_the_grid_and_uses_the_grid_s_names():
             assert words in shown, words
 
     drive(seeded_app("transformer"), size=(120, 40), then=check)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_a_lab_run_s_title_says_it_is_scored_on_its_trained_positions(kind):
+    """Issue 36/37: a lab run is scored on the positions it was trained to predict (the scene's `scored`), and the
+    title says so, at 60 columns too."""
+    app = seeded_app(kind)
+    app.view.scene.__class__ = type("LabScene", (type(app.scene),), {"scored": "trained positions"})
+
+    async def check(app, pilot):
+        assert "scoredonthepositionsitwastrainedtopredict" in screen(app)
+
+    drive(app, size=(60, 20), then=check)
 
 
 def test_ctrl_c_quits_cleanly():
