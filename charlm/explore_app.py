@@ -338,10 +338,15 @@ class ExploreApp(App):
         ids = self.tokenizer.encode(text, unknown=self.unknown)
         if not ids:
             raise ConfigError("the text has no characters the model knows")
-        self.view.set_scene(ex.scene(self.model, self.tokenizer, ids))
-        self.knocked, self.message, self.mode = None, None, "attention"
-        self.query_one(TextPane).set_text(self._texts())
-        self.cursor = min(self.cursor, len(self.scene.ids) - 1)
+        scene = ex.scene(self.model, self.tokenizer, ids)
+        self.ready = False  # no redraw half-way: the view, the text and the cursor change together
+        try:
+            self.view.set_scene(scene)
+            self.knocked, self.message, self.mode = None, None, "attention"
+            self.query_one(TextPane).set_text(self._texts())
+            self.cursor = min(self.cursor, len(scene.ids) - 1)
+        finally:
+            self.ready = True
         self.refresh_all()
 
 

@@ -3,6 +3,8 @@ colour and number on the screen means and how it was measured. Textual, imported
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -127,12 +129,14 @@ RNN_LEGEND = [
 ]
 
 
-def page(title: str, rows: list[tuple[str, str]], width: int) -> Text:
-    text = Text(title + "\n", style="bold")
+def page(title: str, rows: list[tuple[str, str]]) -> Group:
+    """A title, then a key or label beside what it means (wrapped with a hanging indent)."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(justify="right", style="bold", no_wrap=True)
+    table.add_column(ratio=1)
     for key, what in rows:
-        text.append(f"{key:>{width}}  ", style="bold")
-        text.append(f"{what}\n")
-    return text
+        table.add_row(key, what)
+    return Group(Text(title, style="bold"), table)
 
 
 class Help(ModalScreen):
@@ -140,9 +144,9 @@ class Help(ModalScreen):
 
     DEFAULT_CSS = """
     Help { align: center middle; }
-    Help > VerticalScroll { width: auto; max-width: 96%; height: auto; max-height: 96%; border: round $accent;
+    Help > VerticalScroll { width: 110; max-width: 96%; height: auto; max-height: 96%; border: round $accent;
         background: $surface; }
-    Help Static { width: auto; padding: 0 1; }
+    Help Static { width: 100%; padding: 0 1; }
     """
     SCROLL = {"up": "scroll_up", "down": "scroll_down", "pageup": "page_up", "pagedown": "page_down",
               "home": "scroll_home", "end": "scroll_end"}  # fmt: skip
@@ -152,8 +156,8 @@ class Help(ModalScreen):
         keys = RNN_KEYS if rnn else TRANSFORMER_KEYS
         legend = COMMON + (RNN_LEGEND if rnn else TRANSFORMER_LEGEND)
         self.pages = [
-            page("Keys (Tab: what every label means; any other key closes this)", keys, 5),
-            page("What you see, and how it was measured (Tab: keys; ↑↓ scroll)", legend, 12),
+            page("Keys (Tab: what every label means; any other key closes this)", keys),
+            page("What you see, and how it was measured (Tab: keys; ↑↓ scroll)", legend),
         ]
         self.shown = 0
 

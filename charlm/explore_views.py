@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.reactive import var
 
 from charlm.commands import explore as ex
+from charlm.errors import ConfigError
 from charlm.explore_widgets import CURSOR_COLUMN, SCORE, SHORT_ROLE, UNSEEN, Lines, num, shade
 from charlm.views.heatmap import HEAT_STOPS, NEG_STOPS, POS_STOPS, SIGNED_RAMPS, UNICODE_RAMP, token_label
 
@@ -214,7 +215,11 @@ class UnitView(View):
 
     def set_scene(self, scene) -> None:
         self.scene = scene
-        self.rank()
+        try:
+            self.rank()
+        except ConfigError as e:  # the new text has nothing the last search ranked by: back to the first order
+            self.note = Text(f"{e}; units by changes", style="yellow")
+            self.rank("changes")
 
     def validate_layer_no(self, layer: int) -> int:
         return max(0, min(self.scene.layers - 1, layer))

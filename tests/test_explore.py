@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import io
 import json
 import math
 import os
@@ -584,9 +585,12 @@ def seeded_app(kind: str, text: str = VIEW_TEXT[:200], **kw) -> ExploreApp:
 
 
 def help_text(app) -> str:
-    from textual.widgets import Static
+    """The help page shown, as plain text, one line a row."""
+    from rich.console import Console
 
-    return str(app.screen.query_one(Static).render())
+    console = Console(width=400, file=io.StringIO(), color_system=None)
+    console.print(app.screen.pages[app.screen.shown])
+    return console.file.getvalue()
 
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
@@ -790,6 +794,11 @@ def test_a_search_for_marks_the_text_lacks_says_so_and_keeps_the_order():
         await pilot.pause()
         assert app.view.behaviour == "quotes" and app.view.order == order
         assert "thistexthasnobrackets" in screen(app)
+        await pilot.press("e")
+        app.query_one(Input).value = "ROMEO: what light"  # no quotes left: ranked by changes again, and said
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.view.behaviour == "changes" and "thistexthasnoquotes" in screen(app)
 
     drive(app, size=(80, 24), then=check)
 
