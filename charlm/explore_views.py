@@ -210,7 +210,7 @@ class UnitView(View):
         self.order: list[int] = []
         self.scores = np.zeros(0)  # each unit's score by the behaviour
         self.quantity = "forget" if "forget" in scene.quantities else "update"
-        self.layer_no = scene.layers - 1
+        self.set_reactive(UnitView.layer_no, scene.layers - 1)  # (its watcher would rank the units a second time)
         self.rank()
 
     def set_scene(self, scene) -> None:
