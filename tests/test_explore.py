@@ -2,7 +2,7 @@
 keys, clicks, resizes), checked against independent references: the attention shown against
 models/probes.py's capture_attention on the same window, the head labels against `lab heads`' scoring, a
 knock-out's bits/char change against `lab ablate`'s, the gates against `charlm gates`' trace, the
-surprisal against a plain forward pass. Snapshots of the screen at two sizes (pytest-textual-snapshot) use
+surprisal against a plain forward pass. Snapshots of the screen at three sizes (pytest-textual-snapshot) use
 seeded untrained models, so they hold on any CPU."""
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded, kind, keys):
     drive(app, then=check)
 
 
-# ---- snapshots: the whole screen at two sizes (seeded untrained models: the same on every CPU) ---------
+# ---- snapshots: the whole screen at three sizes (seeded untrained models: the same on every CPU) ---------
 
 
 def seeded(kind: str) -> tuple:
