@@ -17,8 +17,13 @@ from charlm.explore_widgets import CURSOR_COLUMN, SCORE, SHORT_ROLE, UNSEEN, Lin
 from charlm.views.heatmap import HEAT_STOPS, NEG_STOPS, POS_STOPS, SIGNED_RAMPS, UNICODE_RAMP, token_label
 
 SIGNED = ("cell state", "hidden", "cell", "new")  # quantities with a sign: orange above 0, blue below
-ROLE_COLOURS = {"previous-token": "cyan", "induction": "magenta", "local": "green", "global": "grey50"}
-ROLE_COLOURS["distant"] = "yellow"
+ROLE_COLOURS = {
+    "previous-token": "cyan",
+    "induction": "magenta",
+    "local": "green",
+    "global": "grey50",
+    "distant": "yellow",
+}
 
 
 class View(Lines):

@@ -187,8 +187,9 @@ class TextPane(Widget):
 
 
 class Lines(Widget):
-    """Rich Text drawn line by line, a line longer than the width wrapped at a space (Textual's line API: a key
-    press repaints it without a markup pass). The head grid and the units x tokens map."""
+    """Rich Text drawn line by line, cropped, never wrapped (Textual's line API: a key press repaints it
+    without a markup or wrapping pass; a view breaks its own long lines). The head grid and the units x tokens
+    map."""
 
     DEFAULT_CSS = "Lines { height: 100%; }"
 
@@ -207,9 +208,8 @@ class Lines(Widget):
     def render_line(self, y: int) -> Strip:
         width = max(1, self.content_size.width)
         if self._strips is None:
-            console = self.app.console
-            lines = self._text.wrap(console, width, overflow="fold", no_wrap=False)
-            self._strips = [Strip(line.render(console, end="")).crop_extend(0, width, None) for line in lines]
+            segments = self._text.render(self.app.console, end="")
+            self._strips = [Strip(line).crop_extend(0, width, None) for line in Segment.split_lines(segments)]
         return self._strips[y] if y < len(self._strips) else Strip.blank(width)
 
     def on_resize(self, event) -> None:
