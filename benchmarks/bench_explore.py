@@ -56,7 +56,7 @@ def own_work(app: ExploreApp, action) -> float:
     t = time.perf_counter()
     action()
     app.query_one(TextPane).render()
-    for name in ("#title", "#grid", "#panel", "#keys"):
+    for name in ("#title", "#grid", "#panel", "#note", "#keys"):
         app.query_one(name).render()
     return time.perf_counter() - t
 
@@ -77,7 +77,7 @@ async def measure(model, tok, ids: list[int], edit_ids: list[int]) -> dict:
                 times.append(time.perf_counter() - t)
             out[f"key {key} → drawn (pilot)"] = statistics.median(times)  # z: the harness's own cost
         out["cursor move (own work)"] = statistics.median(own_work(app, lambda: app.action_move(-1)) for _ in range(20))
-        other = (lambda: app.action_vertical(1)) if app.rnn else (lambda: app.action_bracket(1))
+        other = (lambda: app.action_view("vertical", 1)) if app.rnn else (lambda: app.action_view("bracket", 1))
         out["head/unit move (own work)"] = statistics.median(own_work(app, other) for _ in range(20))
         app.scene.knockouts.clear()
         t = time.perf_counter()

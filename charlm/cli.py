@@ -330,12 +330,13 @@ def gates(ckpt, text, as_json, **flags):
 def explore(ckpt, text, **flags):
     """Walk through TEXT with CKPT in a full-screen app: each token's attention, head by head (a Transformer),
     or each unit's gates (an LSTM/GRU), its predictions and surprisal; knock a head out and see the loss rise
-    (? inside lists the keys)."""
+    (? inside: the keys, then what every label means)."""
     opts = from_flags(options.ExploreOptions, flags)
     from charlm.commands.explore import load
     from charlm.explore_app import explore as run_app
 
-    run_app(*load(ckpt, text, opts), opts)
+    if shot := run_app(*load(ckpt, text, opts), opts):
+        out_console().print(safe(f"wrote the first screen ({opts.size}) to {shot}"), soft_wrap=True)
 
 
 @command(

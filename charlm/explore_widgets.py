@@ -11,23 +11,25 @@ from rich.color import Color
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.app import ComposeResult
-from textual.screen import ModalScreen
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Static
 
-from charlm.commands import explore as ex
 from charlm.views.heatmap import HEAT_STOPS
 from charlm.views.text import safe_text
 
-SHORT_ROLE = {"previous-token": "prev", "induction": "induct", "local": "local", "global": "global", "distant": "far"}
+SHORT_ROLE = {
+    "previous-token": "prev",
+    "induction": "induct",
+    "local": "local",
+    "global": "global",
+    "distant": "distant",
+}
 RISE_STOPS = [(70, 20, 20), (250, 60, 60)]  # where the loss rose after a knock-out: dark to bright red
-UNSEEN = Style(color="grey42")
+UNSEEN = Style(color="grey42")  # tokens the cursor token does not see (outside its window)
 SCORE = {"changes": "spread", "saturated": "share", "quotes": "gap/sd", "brackets": "gap/sd", "line": "|r|"}
 CURSOR_COLUMN = Style(bgcolor="grey30")
 CURSOR = Style(reverse=True, bold=True, underline=True)
-NEWLINE = "⏎"  # a newline in the one-line editor  # tokens the cursor token does not see (outside its window)
+NEWLINE = "⏎"  # a newline in the one-line editor
 
 
 LEVELS = 32  # shades of a scale: a key press looks its styles up instead of building thousands
@@ -186,7 +188,8 @@ class TextPane(Widget):
 
 class Lines(Widget):
     """Rich Text drawn line by line, cropped, never wrapped (Textual's line API: a key press repaints it
-    without a markup or wrapping pass). The head grid and the units x tokens map."""
+    without a markup or wrapping pass; a view breaks its own long lines). The head grid and the units x tokens
+    map."""
 
     DEFAULT_CSS = "Lines { height: 100%; }"
 
@@ -216,52 +219,3 @@ class Lines(Widget):
         offset = event.get_content_offset(self)
         if offset is not None:
             self.app.grid_click(offset.x, offset.y)
-
-
-class Keys(ModalScreen):
-    """`?`: every key; any key closes it."""
-
-    DEFAULT_CSS = "Keys { align: center middle; } Keys > Static { width: auto; max-width: 90%; border: round $accent; padding: 0 1; background: $surface; }"
-
-    def __init__(self, rows: list[tuple[str, str]]):
-        super().__init__()
-        self.rows = rows
-
-    def compose(self) -> ComposeResult:
-        text = Text("Keys (any key closes this)\n", style="bold")
-        for key, what in self.rows:
-            text.append(f"{key:>9}  ", style="bold")
-            text.append(f"{what}\n")
-        yield Static(text)
-
-    def on_key(self, event) -> None:
-        event.stop()
-        self.dismiss()
-
-
-# ---- the app --------------------------------------------------------------------------------------------
-
-TRANSFORMER_KEYS = [
-    ("← →", "move the cursor a token (Home, End: the ends; or click a token)"),
-    ("↑ ↓", "the layer"),
-    ("[ ]", "the head (or click a cell of the grid)"),
-    ("a", "the mean of the layer's heads"),
-    ("d", "direction: where the cursor token looked / which tokens looked at it"),
-    ("s", "shade by surprisal (bits) instead"),
-    ("x", "knock out the selected head: bits/char change, shading where the loss rose"),
-    ("e", "edit the text and re-run"),
-    ("?", "these keys"),
-    ("q", "quit"),
-]
-RNN_KEYS = [
-    ("← →", "move the cursor a token (Home, End: the ends; or click a token)"),
-    ("↑ ↓", "the unit (next in the order of the last search)"),
-    ("[ ]", "the layer"),
-    ("g", "what shades the text: each gate, the cell state, the hidden state"),
-    ("/", "search units by behaviour: " + ", ".join(ex.BEHAVIOURS)),
-    ("s", "shade by surprisal (bits) instead"),
-    ("x", "zero the unit: bits/char change, shading where the loss rose"),
-    ("e", "edit the text and re-run"),
-    ("?", "these keys"),
-    ("q", "quit"),
-]

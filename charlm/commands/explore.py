@@ -213,7 +213,7 @@ def head_scores(scene_rows: np.ndarray, seen_from: np.ndarray, ids: list[int]) -
     has_ind = ind_mask.any(axis=1)
     prev_k = (q - 1 - seen_from[q]).astype(int)
     seen = (q - seen_from[q] + 1).astype(float)
-    uniform_entropy = float(np.mean(np.log2(seen)))
+    uniform_entropy = float(np.mean(np.log2(seen))) if len(q) else 0.0  # (a one-token text has no query)
     flat = scene_rows[q].astype(np.float64)  # (n-1, L, H, C)
     out = []
     for layer in range(L):
@@ -300,10 +300,32 @@ def _knocked(scene, layer: int, part: int, nats: np.ndarray) -> Knockout:
 BEHAVIOURS = {
     "changes": "its gates change most over the text (what charlm gates shows first)",
     "saturated": "its gates sit near 0 or 1 most of the time",
-    "quotes": "it differs most inside quotes from outside",
-    "brackets": "it differs most inside brackets from outside",
+    "quotes": "it differs most inside quotes from outside (' \" “ ” ‘ ’ « », as the text uses them)",
+    "brackets": "it differs most inside brackets from outside (( ) [ ] { } < >)",
     "line": "it follows the position in the line (chars since the last newline)",
 }
+SYNONYMS = {  # other words a student may search for
+    "newline": "line", "newlines": "line", "column": "line", "position": "line", "quote": "quotes",
+    "quotation": "quotes", "quoted": "quotes", "bracket": "brackets", "parentheses": "brackets", "parens": "brackets",
+    "change": "changes", "saturation": "saturated",
+}  # fmt: skip
+QUOTES = {'"': '"', "'": "'", "“": "”", "‘": "’", "«": "»", "„": "“"}  # opening mark: its closing one
+APOSTROPHES = "'’"  # between two letters (don't, o'er) an apostrophe, not a quote
+BRACKETS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+def find_behaviour(query: str) -> str:
+    """The behaviour a search names: its name, a synonym (newline: line), or the start of one; a leading / is
+    ignored (typed as in chat). ConfigError naming them all otherwise."""
+    q = query.strip().lower().lstrip("/").strip()
+    if q:
+        for word in (q, SYNONYMS.get(q)):
+            if word in BEHAVIOURS:
+                return word
+        found = [b for b in BEHAVIOURS if b.startswith(q)] + [SYNONYMS[w] for w in SYNONYMS if w.startswith(q)]
+        if found:
+            return found[0]
+    raise ConfigError(f"no behaviour '{query.strip()}': search for one of {', '.join(BEHAVIOURS)} (or newline)")
 
 
 @dataclass
@@ -347,9 +369,14 @@ class GateScene(Predicted):
         return v[0].float().numpy()
 
     def rank_units(self, layer: int, behaviour: str) -> tuple[list[int], np.ndarray]:
-        """Units of a layer, best first by a behaviour (BEHAVIOURS), and each unit's score."""
+        """Units of a layer, best first by a behaviour (BEHAVIOURS), and each unit's score. ConfigError when the
+        text has nothing to rank by (no quotes, no brackets, or too few tokens)."""
         trace = self.traces[layer]
         H = self.hidden
+        if len(self.ids) < 2:  # one step: no change, no spread, nothing inside or outside
+            if behaviour != "changes":
+                raise ConfigError("one token: a unit's behaviour needs a longer text (e: edit)")
+            return list(range(H)), np.zeros(H)
         state = (trace.c if trace.c is not None else trace.h)[0].float().numpy()  # (n, H): the memory
         if behaviour == "changes":
             order = choose_units(trace, H)
@@ -358,21 +385,29 @@ class GateScene(Predicted):
         if behaviour == "saturated":
             gates = [v[0].float().numpy() for name, v in trace.gates.items() if name not in CANDIDATES]
             score = np.mean([((g < 0.1) | (g > 0.9)).mean(axis=0) for g in gates], axis=0)
-        elif behaviour in ("quotes", "brackets", "line"):
-            signal = _text_signal(self.texts, behaviour)
-            if behaviour == "line":
-                score = np.abs(_correlation(state, signal))
-            else:
-                inside = signal > 0
-                if inside.all() or not inside.any():
-                    score = np.zeros(H)
-                else:
-                    gap = state[inside].mean(axis=0) - state[~inside].mean(axis=0)
-                    score = np.abs(gap) / (state.std(axis=0) + 1e-6)
+        elif behaviour == "line":
+            score = np.abs(_correlation(state, _text_signal(self.texts, behaviour)[0]))
+        elif behaviour in ("quotes", "brackets"):
+            inside, marks = _text_signal(self.texts, behaviour)
+            inside = inside > 0
+            if not inside.any():
+                raise ConfigError(f"this text has no {behaviour} ({' '.join(_MARKS[behaviour])}): units not ranked")
+            if inside.all():
+                raise ConfigError(f"the whole text is inside {behaviour}: nothing outside to compare with")
+            gap = state[inside].mean(axis=0) - state[~inside].mean(axis=0)
+            score = np.abs(gap) / (state.std(axis=0) + 1e-6)
         else:
             raise ConfigError(f"no unit behaviour '{behaviour}': choose one of {', '.join(BEHAVIOURS)}")
         order = [int(u) for u in np.argsort(-score, kind="stable")]
         return order, score
+
+    def found(self, behaviour: str) -> str:
+        """What a search found in the text: ', inside ' and “ quotes: 40 of 300 tokens' (empty for the
+        behaviours read off the gates)."""
+        if behaviour not in ("quotes", "brackets") or len(self.ids) < 2:
+            return ""
+        inside, marks = _text_signal(self.texts, behaviour)
+        return f"; inside {' '.join(marks)} {behaviour}: {int((inside > 0).sum())} of {len(inside)} tokens"
 
 
 def _correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -382,22 +417,36 @@ def _correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(den > 0, (xc * yc[:, None]).sum(axis=0) / np.where(den > 0, den, 1), 0.0)
 
 
-def _text_signal(texts: list[str], behaviour: str) -> np.ndarray:
-    """Per token: inside quotes (1/0), bracket depth, or characters since the last newline, as the token's
-    first character finds it."""
+_MARKS = {"quotes": [*QUOTES, *"”’»"], "brackets": [*BRACKETS, *BRACKETS.values()]}
+
+
+def _text_signal(texts: list[str], behaviour: str) -> tuple[np.ndarray, list[str]]:
+    """Per token, as its first character finds it: inside quotes (1/0), inside brackets (1/0), or characters
+    since the last newline; and the marks that opened a quote or bracket, in order of first use. A quote is
+    any mark of QUOTES, closed by its own closing mark; ' or ’ between two letters is an apostrophe."""
     out = np.zeros(len(texts))
-    quote, depth, col = False, 0, 0
-    for t, text in enumerate(texts):
-        out[t] = {"quotes": float(quote), "brackets": float(depth > 0), "line": float(col)}[behaviour]
-        for ch in text:
-            if ch == '"':
-                quote = not quote
-            elif ch in "([{":
-                depth += 1
-            elif ch in ")]}":
-                depth = max(0, depth - 1)
+    text = "".join(texts)
+    used: list[str] = []
+    quote, brackets, col, at = None, [], 0, 0
+    for t, piece in enumerate(texts):
+        out[t] = {"quotes": float(quote is not None), "brackets": float(bool(brackets)), "line": float(col)}[behaviour]
+        for ch in piece:
+            before, after = text[at - 1 : at], text[at + 1 : at + 2]
+            at += 1
             col = 0 if ch == "\n" else col + 1
-    return out
+            if ch in APOSTROPHES and before.isalpha() and after.isalpha():
+                continue
+            if quote is not None and ch == QUOTES[quote]:
+                quote = None
+            elif quote is None and ch in QUOTES and not (ch in APOSTROPHES and before.isalnum()):
+                quote = ch
+                used += [ch] if behaviour == "quotes" and ch not in used else []
+            elif ch in BRACKETS:
+                brackets.append(ch)
+                used += [ch] if behaviour == "brackets" and ch not in used else []
+            elif brackets and ch == BRACKETS[brackets[-1]]:
+                brackets.pop()
+    return out, used
 
 
 @torch.no_grad()
