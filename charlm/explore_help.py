@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from charlm.commands import explore as ex
-from charlm.lab.heads import INDUCTION, LOCAL, PREVIOUS
+from charlm.models.inspect import INDUCTION, LOCAL, PREVIOUS
 
 TRANSFORMER_KEYS = [
     ("← →", "move the cursor a token (Home, End: the ends; or click a token)"),
