@@ -202,6 +202,12 @@ def _check_target(to: Path) -> None:
 SCRATCH = ".compress-"  # the scratch directories inside --to, named so: one a killed compress left is removed
 
 
+def _remove_scratch(to: Path) -> None:
+    for left in to.glob(SCRATCH + "*"):
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left, ignore_errors=True)
+
+
 def compress(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> Compressed:
     """Write the compressed run to opts.to (default: default_to) as its best.pt, and measure it and the original
     on the same text. The run directory is held with the run lock train takes (a second compress, or a training,
@@ -215,18 +221,20 @@ def compress(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> C
         lock = RunLock(to, "charlm command")
         try:
             _check_target(to)  # again, under the lock: another compress may have finished in it since
-            for left in to.glob(SCRATCH + "*"):  # a killed compress's (the lock says none is running)
-                if left.is_dir() and not left.is_symlink():
-                    shutil.rmtree(left, ignore_errors=True)
+            _remove_scratch(to)  # a killed compress's (the lock says none is running)
             s = _Session(ckpt, opts, progress, phases=4 + bool(opts.drop_heads or opts.drop_units))
             with tempfile.TemporaryDirectory(dir=to, prefix=SCRATCH) as tmp:
                 original, _ = s.write(Path(tmp) / "original", 32, 0, 0, "original")
                 label = _label(opts.bits, opts.drop_heads, opts.drop_units)
                 result, dropped = s.write(Path(tmp) / to.name, opts.bits, opts.drop_heads, opts.drop_units, label)
                 os.replace(Path(tmp) / to.name / "best.pt", to / "best.pt")
+        except files.WriteError as e:  # (named after a scratch file: say where the run was going)
+            why = "no space left on device" if e.full else f"cannot write {e.path.name} ({e})"
+            raise files.WriteError(f"{why} writing {to}: nothing was written there", to, e.full) from None
         except OSError as e:
             raise files.write_error(to / "best.pt", e) from None
-        finally:
+        finally:  # (a signal may come between the scratch directory's mkdir and its context manager)
+            _remove_scratch(to)
             lock.release()
     return Compressed(original, result, to, s.text.source, dropped)
 
