@@ -33,7 +33,7 @@ from charlm.errors import ConfigError
 from charlm.models import config_params
 from charlm.options import CompressOptions
 from charlm.runs import RunLock, check_writable
-from charlm.stopping import RunSignals, stop_signals
+from charlm.stopping import RunSignals, SetupInterrupted, stop_signals
 
 # ---- the commands ----------------------------------------------------------------------------------------
 
@@ -217,7 +217,8 @@ def compress(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> C
     to = Path(opts.to) if opts.to is not None else default_to(ckpt, opts)
     _check_target(to)
     check_writable(to)
-    with RunSignals(*stop_signals()):  # a signal is an exception here: the finally blocks below clean up
+    signals = RunSignals(*stop_signals())
+    with signals:  # a signal is an exception here: the finally blocks below clean up
         lock = RunLock(to, "charlm command")
         try:
             _check_target(to)  # again, under the lock: another compress may have finished in it since
@@ -227,7 +228,9 @@ def compress(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> C
                 original, _ = s.write(Path(tmp) / "original", 32, 0, 0, "original")
                 label = _label(opts.bits, opts.drop_heads, opts.drop_units)
                 result, dropped = s.write(Path(tmp) / to.name, opts.bits, opts.drop_heads, opts.drop_units, label)
-                os.replace(Path(tmp) / to.name / "best.pt", to / "best.pt")
+                _check_signals(signals)
+                with signals.deferring(), signals.holding():  # from here a signal waits: the run is whole
+                    os.replace(Path(tmp) / to.name / "best.pt", to / "best.pt")
         except files.WriteError as e:  # (named after a scratch file: say where the run was going)
             why = "no space left on device" if e.full else f"cannot write {e.path.name} ({e})"
             raise files.WriteError(f"{why} writing {to}: nothing was written there", to, e.full) from None
@@ -243,8 +246,18 @@ def report(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> Rep
     """Every method at a few settings: bf16, int8, int4, then heads (Transformer) or units (LSTM/GRU) dropped
     from 1 (an eighth of the units) up to half; each written, loaded back and measured. Writes nothing that stays
     (a signal stops it as compress's does: its scratch directory goes with it)."""
-    with RunSignals(*stop_signals()):
-        return _report(ckpt, opts, progress)
+    signals = RunSignals(*stop_signals())
+    with signals:
+        rep = _report(ckpt, opts, progress)
+        _check_signals(signals)
+    return rep
+
+
+def _check_signals(signals: RunSignals) -> None:
+    """SetupInterrupted if a signal came: its exception may have been swallowed on its way up (by a library's
+    `except Exception` around an import it tries), and the work carried on."""
+    if signals.requested:
+        raise SetupInterrupted(signals.signum)
 
 
 def _settings(cfg: ModelConfig, can) -> list[tuple[int, int, int, bool]]:
