@@ -288,16 +288,17 @@ def check_compressed(record) -> str | None:
     if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
         return f"steps should be a list of 1 to {MAX_STEPS} steps"
     whole = lambda x, top: isinstance(x, int) and not isinstance(x, bool) and 0 <= x < top  # noqa: E731
+    said = lambda x: shown(x) if isinstance(x, (int, float, type(None))) else type(x).__name__  # noqa: E731
     for n, step in enumerate(steps, 1):
         if not isinstance(step, dict):
             return f"step {n} should be a dict, not {type(step).__name__}"
         if not isinstance(step.get("from"), str) or len(step["from"]) > 4096:
             return f"step {n}'s source should be a path"
         if not whole(step.get("bits"), 33) or step["bits"] not in STORED_BITS:
-            return f"step {n}'s bits should be one of {', '.join(map(str, STORED_BITS))}, not {shown(step.get('bits'))}"
+            return f"step {n}'s bits should be one of {', '.join(map(str, STORED_BITS))}, not {said(step.get('bits'))}"
         for key in ("heads_dropped", "units_dropped"):
             if key in step and not whole(step[key], MAX_DROPPED):
-                return f"step {n}'s {key} should be a whole number from 0 to {MAX_DROPPED - 1}, not {shown(step[key])}"
+                return f"step {n}'s {key} should be a whole number from 0 to {MAX_DROPPED - 1}, not {said(step[key])}"
         dropped = step.get("dropped", [])
         if not isinstance(dropped, list) or not all(
             isinstance(d, (list, tuple)) and len(d) == 2 and all(whole(i, MAX_DROPPED) for i in d) for d in dropped

@@ -520,3 +520,82 @@ def test_the_report_fits_the_console_and_never_cuts_a_setting(width):
         assert any(line.strip() == name or line.strip().startswith(name + "  ") for line in lines), name
     for number in ("795,904", "3.18 MB (100%)", "2.1000", "+0.0500", "90.0%", "0.0056", "11,000"):
         assert any(number in line for line in lines), number
+
+
+# ---- fuzzing the record (issue 38): hypothesis, with test_properties' hostile values -----------------------
+
+
+def _records():
+    from hypothesis import strategies as st
+
+    from tests.test_properties import hostile
+
+    def either(good):
+        return st.one_of(good, hostile)
+
+    pairs = st.lists(st.lists(st.integers(0, 70_000), min_size=2, max_size=2), max_size=3)
+    step = st.fixed_dictionaries(
+        {"from": either(st.text(max_size=8)), "bits": either(st.sampled_from([32, 16, 8, 4]))},
+        optional={
+            "heads_dropped": either(st.integers(0, 70_000)),
+            "units_dropped": either(st.integers(0, 70_000)),
+            "dropped": either(pairs),
+        },
+    )
+    return st.one_of(hostile, step, st.fixed_dictionaries({"steps": either(st.lists(step, max_size=3))}))
+
+
+def test_any_record_is_refused_in_one_line_or_described_sanely():
+    """Whatever a file holds as its `compressed` record: check_compressed says what is wrong in one line, or the
+    record describes itself with bits charlm writes and counts below MAX_DROPPED (no "True head ... dropped")."""
+    import re
+
+    from hypothesis import event, given
+
+    from tests.test_properties import bounded
+
+    @bounded(600)
+    @given(_records())
+    def check(record):
+        problem = checkpoint.check_compressed(record)
+        if problem is not None:
+            assert isinstance(problem, str) and problem and "\n" not in problem and len(problem) < 200, problem
+            event("refused")
+            return
+        event("accepted")
+        steps = checkpoint.compression_steps(record)
+        described = checkpoint.describe_compressed(record)
+        assert (described is None) == (not steps)
+        if described:
+            assert "True" not in described and "False" not in described, described
+            assert all(int(n) < checkpoint.MAX_DROPPED for n in re.findall(r"\d+", described)), described
+            assert described.count("→") == len(steps) - 1
+
+    check()
+
+
+def test_a_hostile_record_in_a_real_file_is_one_line_or_read(compressed, tmp_path):
+    """The same through the file: read_header either reads it (and info's summary describes it) or refuses
+    it with one CheckpointError line; never another exception."""
+    from hypothesis import given
+
+    from charlm.errors import CheckpointError
+    from tests.test_properties import bounded
+
+    raw = torch.load(compressed["tf"] / "best.pt", weights_only=True)
+    path = tmp_path / "run" / "best.pt"
+    path.parent.mkdir()
+
+    @bounded(40)
+    @given(_records())
+    def check(record):
+        torch.save({**raw, "compressed": record}, path)
+        try:
+            summary = checkpoint.read_header(path).summary()
+        except CheckpointError as e:
+            assert "\n" not in str(e), str(e)
+            return
+        assert checkpoint.check_compressed(record) is None  # a record refused on its own is never read
+        assert summary["compressed"] is None or isinstance(summary["compressed"], str)
+
+    check()
