@@ -599,3 +599,28 @@ def test_a_hostile_record_in_a_real_file_is_one_line_or_read(compressed, tmp_pat
         assert summary["compressed"] is None or isinstance(summary["compressed"], str)
 
     check()
+
+
+def test_report_shows_its_progress_in_a_real_terminal(view_runs, tmp_path):
+    """Issue 37: `--report` ran 6m20s with a blank terminal. In a pty (80 × 24) the phases appear while it
+    measures, then the table, which fits."""
+    import pexpect
+
+    from tests.conftest import strip_ansi
+
+    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", "compress", str(view_runs["tf"]), "--report", "--tokens", "256"],
+        env=env,
+        dimensions=(24, 80),
+        encoding="utf-8",
+        timeout=180,
+    )
+    child.expect("scoring the original on")
+    child.expect("int4: writing, loading back and scoring")
+    child.expect(pexpect.EOF)
+    child.close()
+    screen = strip_ansi(child.before)
+    assert child.exitstatus == 0, screen
+    assert "float32 -1 head/layer (random)" in screen and "smallest within" in screen
