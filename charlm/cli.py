@@ -393,12 +393,13 @@ def compress(ckpt, as_json, **flags):
     """A smaller run from CKPT (int8/int4 weights, heads or units dropped) that every command opens, measured
     before → after on the run's validation text; --report: every method at a few settings, one table."""
     opts = from_flags(options.CompressOptions, flags)
-    from charlm.commands import compress as run
     from charlm.stopping import SetupInterrupted
     from charlm.views.compress import CompressProgress, render_compressed, render_report
 
     try:
-        with CompressProgress() as progress:
+        with CompressProgress() as progress:  # drawn now: importing torch is the first slow step
+            from charlm.commands import compress as run
+
             if opts.report:
                 rep = run.report(ckpt, opts, progress)
             else:

@@ -5,6 +5,7 @@ ablate says; dropped units are exactly units held at zero; crafted compressed fi
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -561,8 +562,10 @@ def test_any_record_is_refused_in_one_line_or_described_sanely():
         if problem is not None:
             assert isinstance(problem, str) and problem and "\n" not in problem and len(problem) < 200, problem
             event("refused")
+            seen.add("refused")
             return
         event("accepted")
+        seen.add("accepted")
         steps = checkpoint.compression_steps(record)
         described = checkpoint.describe_compressed(record)
         assert (described is None) == (not steps)
@@ -571,7 +574,9 @@ def test_any_record_is_refused_in_one_line_or_described_sanely():
             assert all(int(n) < checkpoint.MAX_DROPPED for n in re.findall(r"\d+", described)), described
             assert described.count("→") == len(steps) - 1
 
+    seen = set()
     check()
+    assert seen == {"refused", "accepted"}
 
 
 def test_a_hostile_record_in_a_real_file_is_one_line_or_read(compressed, tmp_path):
@@ -624,3 +629,51 @@ def test_report_shows_its_progress_in_a_real_terminal(view_runs, tmp_path):
     screen = strip_ansi(child.before)
     assert child.exitstatus == 0, screen
     assert "float32 -1 head/layer (random)" in screen and "smallest within" in screen
+
+
+def test_a_hostile_quantized_matrix_is_one_line_or_loads_finite(compressed, tmp_path):
+    """Fuzzing the quantized tensors: one matrix's entry of a real int4 run replaced by hostile bits, values and
+    scales (dtypes, shapes, NaN, inf, negative and huge scales). checkpoint.load refuses it in one line, or gives
+    a model whose weights are all finite."""
+    from hypothesis import event, given
+    from hypothesis import strategies as st
+
+    from charlm.errors import CheckpointError
+    from tests.test_properties import bounded
+
+    raw = torch.load(compressed["tf"] / "best.pt", weights_only=True)
+    name, entry = next(iter(raw["quantized"].items()))
+    rows, cols = entry["values"].shape
+    path = tmp_path / "run" / "best.pt"
+    path.parent.mkdir()
+    dtypes = st.sampled_from([torch.uint8, torch.int8, torch.float16, torch.float32, torch.int64])
+    numbers = st.floats(allow_nan=True, allow_infinity=True, width=16) | st.integers(-300, 300)
+    sizes = st.sampled_from([0, 1, 2, rows, cols, rows * 2, 33])
+
+    @st.composite
+    def tensors(draw, like):
+        shape = draw(st.sampled_from([tuple(like.shape), (draw(sizes),), (draw(sizes), draw(sizes))]))
+        fill = draw(st.lists(numbers, min_size=1, max_size=4))
+        flat = torch.tensor([fill[i % len(fill)] for i in range(math.prod(shape))], dtype=torch.float64)
+        return flat.reshape(shape).to(draw(dtypes)) if draw(st.booleans()) else like.clone()
+
+    @bounded(40)
+    @given(st.sampled_from([4, 8, 5, 0, True, "8", None]), tensors(entry["values"]), tensors(entry["scales"]))
+    def check(bits, values, scales):
+        torch.save(
+            {**raw, "quantized": {**raw["quantized"], name: {"bits": bits, "values": values, "scales": scales}}}, path
+        )
+        try:
+            ck = checkpoint.load(path)
+        except CheckpointError as e:
+            assert "\n" not in str(e), str(e)
+            event("refused")
+            seen.add("refused")
+            return
+        event("loaded")
+        seen.add("loaded")
+        assert all(torch.isfinite(t).all() for t in ck.model.state_dict().values())
+
+    seen = set()
+    check()
+    assert seen == {"refused", "loaded"}  # both ways were tried

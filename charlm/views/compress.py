@@ -121,7 +121,7 @@ class CompressProgress:
                 transient=True,
             )
             self.bar.start()
-            self.task = self.bar.add_task("starting", total=None)
+            self.task = self.bar.add_task("loading torch", total=None)
         return self
 
     def __call__(self, what: str, done: int, total: int) -> None:
