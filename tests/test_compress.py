@@ -555,7 +555,7 @@ def test_any_record_is_refused_in_one_line_or_described_sanely():
 
     from tests.test_properties import bounded
 
-    @bounded(600)
+    @bounded(300)
     @given(_records())
     def check(record):
         problem = checkpoint.check_compressed(record)
