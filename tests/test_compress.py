@@ -677,3 +677,20 @@ def test_a_hostile_quantized_matrix_is_one_line_or_loads_finite(compressed, tmp_
     seen = set()
     check()
     assert seen == {"refused", "loaded"}  # both ways were tried
+
+
+def test_what_a_killed_compress_left_is_removed_by_the_next_one(view_runs, tmp_path):
+    """SIGKILL cannot be handled: the scratch directory and the lock file stay in --to, but no best.pt; the next
+    compress into it (the lock free: the kernel let go) removes them and writes the run."""
+    text = tmp_path / "text.txt"
+    text.write_text((view_runs["tf"].parent / "corpus.txt").read_text() * 4)
+    to = tmp_path / "out"
+    proc = _compress_process(view_runs["tf"], to, tmp_path, text)
+    while not list(to.glob(".compress-*")) and proc.poll() is None:
+        time.sleep(0.005)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not (to / "best.pt").exists()
+    r = cli("compress", view_runs["tf"], "--to", to, "--bits", "4", "--text", text, "--tokens", "8192")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in to.iterdir()) == ["best.pt"]
