@@ -27,7 +27,7 @@ from charlm import files, safetensors_file
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.models import build_model, param_shapes
-from charlm.quantized import check_quantized, dequantized, describe_compression
+from charlm.quantized import check_quantized, dequantized
 from charlm.safe_pickle import TensorInfo, last_words, load_tensors, open_archive, read_pickle
 from charlm.settings import shown
 from charlm.tokenizer import tokenizer_from_json
@@ -137,6 +137,8 @@ class Saved:
             )
         if problem := _out_of_range(data):
             raise CheckpointError(f"{path} is a damaged charlm checkpoint ({problem})")
+        if problem := check_compressed(data.get("compressed")):
+            raise CheckpointError(f"{path} is a damaged charlm checkpoint (its compressed record: {problem})")
         try:
             model_config = ModelConfig.from_dict(data["model_config"]).validate()
             train_config = TrainConfig.from_dict(data["train_config"])  # (validated as it is made)
@@ -177,7 +179,7 @@ class Saved:
             "corpus": c.name if c else None,
             "corpus_sha256": c.sha256 if c else None,
             "device": self.device,
-            "compressed": describe_compression(self.compressed),
+            "compressed": describe_compressed(self.compressed),
             "teacher": self.train_config.teacher,
         }
 
@@ -269,6 +271,65 @@ def _out_of_range(data: dict) -> str | None:
     if not all(isinstance(x, str) for x in data.get("weights_sha256") or []):
         return "weights_sha256 should be a list of digests"
     return None
+
+
+# ---- the `compressed` record (charlm compress): what was done to the model, step by step -------------------
+# {"steps": [{"from": the source's path, "bits": 32|16|8|4, "heads_dropped": K, "units_dropped": K,
+#             "dropped": [[layer, index], ...]}, ...]}, the first step first; a record written before there were
+# steps is that one step's dict.
+
+STORED_BITS = {32: "float32", 16: "bf16", 8: "int8", 4: "int4 (groups of 32)"}
+MAX_STEPS = 64  # compressions of compressions: no run has more, a crafted record may
+MAX_DROPPED = 1 << 16  # heads or units dropped of one layer, and layer numbers: a crafted count above this is refused
+
+
+def compression_steps(record: dict | None) -> list[dict]:
+    """The steps of a record check_compressed accepted (none for a run that was never compressed)."""
+    if not record:
+        return []
+    return list(record["steps"]) if "steps" in record else [record]
+
+
+def check_compressed(record) -> str | None:
+    """What is wrong with a `compressed` record read from a file (types and ranges), or None."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        return f"should be a dict, not {type(record).__name__}"
+    steps = record.get("steps", [record]) if "steps" in record else [record]
+    if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
+        return f"steps should be a list of 1 to {MAX_STEPS} steps"
+    whole = lambda x, top: isinstance(x, int) and not isinstance(x, bool) and 0 <= x < top  # noqa: E731
+    said = lambda x: shown(x) if isinstance(x, (int, float, type(None))) else type(x).__name__  # noqa: E731
+    for n, step in enumerate(steps, 1):
+        if not isinstance(step, dict):
+            return f"step {n} should be a dict, not {type(step).__name__}"
+        if not isinstance(step.get("from"), str) or len(step["from"]) > 4096:
+            return f"step {n}'s source should be a path"
+        if not whole(step.get("bits"), 33) or step["bits"] not in STORED_BITS:
+            return f"step {n}'s bits should be one of {', '.join(map(str, STORED_BITS))}, not {said(step.get('bits'))}"
+        for key in ("heads_dropped", "units_dropped"):
+            if key in step and not whole(step[key], MAX_DROPPED):
+                return f"step {n}'s {key} should be a whole number from 0 to {MAX_DROPPED - 1}, not {said(step[key])}"
+        dropped = step.get("dropped", [])
+        if not isinstance(dropped, list) or not all(
+            isinstance(d, (list, tuple)) and len(d) == 2 and all(whole(i, MAX_DROPPED) for i in d) for d in dropped
+        ):
+            return f"step {n}'s dropped should be a list of [layer, index] pairs"
+    return None
+
+
+def describe_compressed(record: dict | None) -> str | None:
+    """What charlm compress did, in a few words, step by step (for info): "int8 weights → 1 head of each layer
+    dropped"."""
+    described = []
+    for step in compression_steps(record):
+        words = [STORED_BITS[step["bits"]] + " weights"] if step["bits"] != 32 else []
+        for key, what in (("heads_dropped", "head"), ("units_dropped", "unit")):
+            if k := step.get(key):
+                words.append(f"{k} {what}{'s' * (k > 1)} of each layer dropped")
+        described.append("; ".join(words) or "as it was")
+    return " → ".join(described) or None
 
 
 def _from_v1(data: dict) -> dict:

@@ -394,13 +394,22 @@ def compress(ckpt, as_json, **flags):
     """A smaller run from CKPT (int8/int4 weights, heads or units dropped) that every command opens, measured
     before → after on the run's validation text; --report: every method at a few settings, one table."""
     opts = from_flags(options.CompressOptions, flags)
-    from charlm.commands import compress as run
-    from charlm.views.compress import render_compressed, render_report
+    from charlm.stopping import SetupInterrupted
+    from charlm.views.compress import CompressProgress, render_compressed, render_report
 
+    try:
+        with CompressProgress() as progress:  # drawn now: importing torch is the first slow step
+            from charlm.commands import compress as run
+
+            if opts.report:
+                rep = run.report(ckpt, opts, progress)
+            else:
+                done = run.compress(ckpt, opts, progress)
+    except SetupInterrupted as e:  # (Ctrl-C, SIGTERM, SIGHUP: what was being written is gone, the rest as it was)
+        err_console().print("interrupted: nothing written" if not opts.report else "interrupted")
+        sys.exit(128 + e.signum)
     if opts.report:
-        rep = run.report(ckpt, opts)
         return print_json(rep.to_dict()) if as_json else render_report(out_console(), rep)
-    done = run.compress(ckpt, opts)
     if as_json:
         return print_json(
             {"original": done.original.to_dict(), "compressed": done.result.to_dict(), "path": str(done.path)}

@@ -23,7 +23,9 @@ dense file, and a sparse one (a 16-bit index beside each kept value) is smaller 
 
 from __future__ import annotations
 
+import codecs
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm import checkpoint
+from charlm import checkpoint, files
 from charlm.checkpoint import Saved
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import ConfigError
@@ -78,12 +80,7 @@ def scored_text(ck, text: str | None, tokens: int) -> Scored:
     tok, corpus = ck.tokenizer, ck.saved.corpus
     if text is not None:
         p = Path(text)
-        if not p.is_file():
-            raise ConfigError(f"--text: no such file {p}")
-        try:
-            body = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"--text: {p} is not UTF-8 text") from None
+        body = _read_text(p, tokens * TEXT_BYTES_PER_TOKEN)
         ids = tok.encode(body, unknown="drop")[:tokens]
         cpt = len(tok.decode(ids)) / max(len(ids), 1)
         source = str(p)
@@ -98,6 +95,26 @@ def scored_text(ck, text: str | None, tokens: int) -> Scored:
         raise ConfigError(f"the text to score ({source}) is too short: give a longer one with --text FILE")
     rows = torch.tensor([ids[i * T : i * T + T + 1] for i in range(n)], dtype=torch.long)
     return Scored(rows, source, cpt)
+
+
+TEXT_BYTES_PER_TOKEN = 64  # --text is read this far at most: far more than any token of the text scored needs
+
+
+def _read_text(p: Path, limit: int) -> str:
+    """The start of a regular file (its first `limit` bytes) as UTF-8 text; a FIFO, a device (/dev/zero never
+    ends) or a directory is refused with what it is, without waiting on it."""
+    try:
+        fd = files.open_regular(p.resolve(), os.O_RDONLY)  # (non-blocking: a FIFO with no writer is no wait)
+    except FileNotFoundError:
+        raise ConfigError(f"--text: no such file {p}") from None
+    except OSError as e:
+        raise ConfigError(f"--text {p}: {e.strerror or e}; give a text file") from None
+    with open(fd, "rb") as f:
+        data = f.read(limit)
+    try:  # (incremental: a character cut by the limit is left out, not an error)
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=len(data) < limit)
+    except UnicodeDecodeError:
+        raise ConfigError(f"--text: {p} is not UTF-8 text") from None
 
 
 @torch.no_grad()
@@ -195,10 +212,18 @@ def bits_per_weight(model: dict, quantized: dict | None, params: int) -> float:
 
 
 def build(
-    ck, name: str, bits: int, cfg: ModelConfig, weights: tuple, what: dict, scores: tuple[float, float] | None
+    ck,
+    name: str,
+    bits: int,
+    cfg: ModelConfig,
+    weights: tuple,
+    what: dict,
+    scores: tuple[float, float] | None,
+    record: dict | None = None,
 ) -> Saved:
     """The compressed run's checkpoint: the original's record, with the new model (weights: stored()'s), its own
-    score and what was done. No optimizer or rng: a compressed run is for using, not for training on."""
+    score and what was done (record: the `compressed` record with the steps before, else this step alone). No
+    optimizer or rng: a compressed run is for using, not for training on."""
     model, quantized = weights
     loss, bpc = scores if scores else (None, None)
     return replace(
@@ -207,7 +232,7 @@ def build(
         model_config=cfg,
         model=model,
         quantized=quantized,
-        compressed={"from": str(ck.path), "bits": bits, **what},
+        compressed=record or {"from": str(ck.path), "bits": bits, **what},
         params=config_params(cfg),
         best_val_loss=loss,
         best_val_bpc=bpc,

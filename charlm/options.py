@@ -247,7 +247,9 @@ BITS = (32, 16, 8, 4)  # what charlm compress stores a weight in: float32, bf16,
 class CompressOptions(Validated):
     """How `charlm compress` makes a smaller run, and how it measures it."""
 
-    to: str | None = flag(None, "Directory of the compressed run (every command opens it).")
+    to: str | None = flag(
+        None, "Directory of the compressed run (every command opens it) [default: beside the run, e.g. RUN-int4]."
+    )
     bits: int = flag(
         32, "Bits per stored weight: 32 (float32), 16 (bf16), 8 (int8 per output channel), 4 (int4 per group of 32)."
     )
@@ -264,12 +266,18 @@ class CompressOptions(Validated):
         check(self.drop_heads >= 0, f"--drop-heads must be 0 or more, got {self.drop_heads}")
         check(self.drop_units >= 0, f"--drop-units must be 0 or more, got {self.drop_units}")
         check(self.tokens >= 64, f"--tokens must be at least 64, got {self.tokens}")
-        check(self.report or self.to is not None, "give --to DIR (where the compressed run goes), or --report")
-        check(
-            not (self.report and (self.to or self.bits != 32 or self.drop_heads or self.drop_units)),
-            "--report measures every setting itself and writes nothing: drop --to, --bits and --drop-*",
-        )
+        if self.report:  # (short: the terminal folds a line past 80 columns mid-word)
+            given = [f"--{name}" for name, value in self._writing().items() if value]
+            why = "measures every setting and writes nothing" if len(given) < 2 else "writes nothing"
+            check(not given, f"--report {why}: drop {', '.join(given)}")
         return self
+
+    def _writing(self) -> dict:
+        """The flags that say what to write (--report takes none)."""
+        return {"to": self.to, "bits": self.bits if self.bits != 32 else None} | {
+            "drop-heads": self.drop_heads,
+            "drop-units": self.drop_units,
+        }
 
 
 @dataclass

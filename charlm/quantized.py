@@ -118,17 +118,3 @@ def dequantized(p: Path, header: dict, loaded: dict, shapes: dict) -> dict:
         codes = torch.stack((values & 15, values >> 4), dim=-1).reshape(rows, groups, INT4_GROUP)
         out[name] = ((codes.float() - 8) * scales[..., None]).reshape(rows, -1)[:, : shapes[name][1]].contiguous()
     return out
-
-
-def describe_compression(compressed: dict | None) -> str | None:
-    """What charlm compress did, in a few words (for info): "int8 weights; 1 head of each layer dropped"."""
-    if not compressed:
-        return None
-    words = []
-    if compressed.get("bits") in (16, 8, 4):
-        words.append({16: "bf16", 8: "int8", 4: "int4 (groups of 32)"}[compressed["bits"]] + " weights")
-    for key, what in (("heads_dropped", "head"), ("units_dropped", "unit")):
-        k = compressed.get(key)
-        if isinstance(k, int) and k > 0:
-            words.append(f"{k} {what}{'s' * (k > 1)} of each layer dropped")
-    return "; ".join(words) or "as it was"
