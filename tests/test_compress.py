@@ -582,7 +582,7 @@ def test_any_record_is_refused_in_one_line_or_described_sanely():
 def test_a_hostile_record_in_a_real_file_is_one_line_or_read(compressed, tmp_path):
     """The same through the file: read_header either reads it (and info's summary describes it) or refuses
     it with one CheckpointError line; never another exception."""
-    from hypothesis import given
+    from hypothesis import assume, given
 
     from charlm.errors import CheckpointError
     from tests.test_properties import bounded
@@ -594,7 +594,10 @@ def test_a_hostile_record_in_a_real_file_is_one_line_or_read(compressed, tmp_pat
     @bounded(40)
     @given(_records())
     def check(record):
-        checkpoint.save({**raw, "compressed": record}, path)
+        try:  # a record the format cannot hold (bytes; an integer JSON refuses to read back) is no file to craft
+            checkpoint.save({**raw, "compressed": record}, path)
+        except (TypeError, ValueError):
+            assume(False)
         try:
             summary = checkpoint.read_header(path).summary()
         except CheckpointError as e:
