@@ -46,7 +46,7 @@ def load(run: str) -> None:
         rows = [("float32 (the run)", checkpoint.resolve(run))]
         for name, bits, heads in (("int8", 8, 0), ("int4", 4, 0), ("float32 -1 head/layer", 32, 1)):
             compress(run, CompressOptions(to=f"{tmp}/{name}", bits=bits, drop_heads=heads, tokens=1024))
-            rows.append((name, Path(f"{tmp}/{name}/best.pt")))
+            rows.append((name, Path(f"{tmp}/{name}") / checkpoint.BEST))
         loaded = [checkpoint.load(path) for _, path in rows]
         speed = [0.0] * len(rows)
         for _ in range(5):
@@ -147,7 +147,7 @@ def distill(teacher: str, corpus: str, seeds: int, budget: list[str], out: Path,
     for seed in range(seeds):
         for name, with_teacher in (("without teacher", False), ("with teacher", True)):
             run = out / f"{'with' if with_teacher else 'without'}-{seed}"
-            if not (run / "best.pt").exists():
+            if not (run / checkpoint.BEST).exists():
                 train(corpus, run, 1000 + seed, budget, teacher if with_teacher else None, extra)
             ck = checkpoint.load(run)
             nats, top1, kl = compare_to(log_probs(t.model, text.rows), log_probs(ck.model, text.rows), text.rows)

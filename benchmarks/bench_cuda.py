@@ -180,7 +180,7 @@ def torchrun_part(args) -> dict:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         row = {"part": "torchrun", "exit": proc.returncode, "seconds": round(time.perf_counter() - t0, 1)}
         if proc.returncode == 0:
-            ck = checkpoint.read(out / "last.pt")
+            ck = checkpoint.read(out / checkpoint.LAST)
             row |= {"world_size": ck.world_size, "step": ck.step, "device": ck.device}
         row["stdout_tail"] = proc.stdout[-1500:]
         row["stderr_tail"] = proc.stderr[-1500:]

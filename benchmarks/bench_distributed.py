@@ -64,9 +64,8 @@ def run(nproc: int, threads: int, batch: int, steps: int, work: Path) -> float:
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CHARLM_CACHE": str(work / "cache")}
     subprocess.run([sys.executable, *launcher, *args], env=env, check=True, capture_output=True, cwd=work)
-    ckpt = checkpoint.load_raw(out / "last.pt")
-    context = ckpt["model_config"]["context"]
-    return steps * batch * nproc * context / ckpt["train_seconds"]
+    saved = checkpoint.read_header(out / checkpoint.LAST)  # (it called checkpoint.load_raw, long gone)
+    return steps * batch * nproc * saved.model_config.context / saved.train_seconds
 
 
 def main() -> None:

@@ -9,13 +9,14 @@ Reading has three depths, all checked the same way:
 The weights' shapes are checked against the config on the header, before any tensor is allocated.
 Checkpoints of charlm before safetensors (best.pt, last.pt: torch.save's zip archives) are still read, by
 safe_pickle.py and torch.load(weights_only=True), for every command but a resume (see docs/train.md).
+Over ~450 lines on purpose: the one owner of the format, its schema and every check on what a file holds,
+read in one place (the byte layouts live in safetensors_file.py, safe_pickle.py and quantized.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import zipfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.models import build_model, param_shapes
 from charlm.quantized import check_quantized, dequantized
-from charlm.safe_pickle import TensorInfo, last_words, load_tensors, open_archive, read_pickle
+from charlm.safe_pickle import TensorInfo, archive_values, last_words, load_tensors, open_archive, read_pickle
 from charlm.settings import shown
 from charlm.tokenizer import tokenizer_from_json
 
@@ -372,10 +373,10 @@ def _read_header(p: Path) -> Saved:
 def _header(p: Path) -> tuple[Saved, safetensors_file.Header | None]:
     """The file's contents with TensorInfo for its tensors, every check done (the weights' values read by
     numpy); and its safetensors header (None: an older charlm's .pt)."""
-    if not _is_safetensors(p):
+    if not safetensors_file.is_safetensors(p):
         with open_archive(p) as z:
             saved = _typed(p, read_pickle(p, z))
-            _check_weights(saved, p, _zip_values(p, z))
+            _check_weights(saved, p, archive_values(p, z))
         _tokenizer(saved, p)
         return saved, None
     header = safetensors_file.Header(p)
@@ -383,26 +384,6 @@ def _header(p: Path) -> tuple[Saved, safetensors_file.Header | None]:
     _check_weights(saved, p, header.read_values)
     _tokenizer(saved, p)
     return saved, header
-
-
-def _is_safetensors(p: Path) -> bool:
-    try:
-        return safetensors_file.is_safetensors(p)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
-
-
-def _zip_values(p: Path, z: zipfile.ZipFile):
-    """The stored bytes of a TensorInfo of an older charlm's .pt."""
-    prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
-
-    def values(t: TensorInfo) -> bytes:
-        try:
-            return z.read(f"{prefix}data/{t.key}")
-        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
-            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({last_words(e)})") from None
-
-    return values
 
 
 def read(path: str | Path, map_location="cpu") -> Saved:

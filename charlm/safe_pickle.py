@@ -245,6 +245,19 @@ def read_pickle(p: Path, z: zipfile.ZipFile) -> object:
     return tree
 
 
+def archive_values(p: Path, z: zipfile.ZipFile):
+    """read_values(TensorInfo) -> the stored bytes of a tensor of the archive (numpy reads them, no torch)."""
+    prefix = next(n for n in z.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
+
+    def read_values(t: TensorInfo) -> bytes:
+        try:
+            return z.read(f"{prefix}data/{t.key}")
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError) as e:
+            raise CheckpointError(f"{p} is not a readable charlm checkpoint ({last_words(e)})") from None
+
+    return read_values
+
+
 def load_tensors(p: Path, map_location) -> object:
     """torch.load with weights_only=True: tensors and plain containers only, so a crafted file cannot run code."""
     import torch

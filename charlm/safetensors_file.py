@@ -36,9 +36,12 @@ MAX_DIMS = 8  # no tensor of a checkpoint has more than 2
 
 
 def is_safetensors(p: Path) -> bool:
-    """Whether the file looks like one (not a zip archive, torch.save's format)."""
-    with open(p, "rb") as f:
-        return f.read(4) != b"PK\x03\x04"
+    """Whether the file is to be read as one: anything but a zip archive (torch.save's format, an older charlm's)."""
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) != b"PK\x03\x04"
+    except OSError as e:
+        raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
 
 
 # ---- writing --------------------------------------------------------------------------------------------
