@@ -322,7 +322,7 @@ def test_unwritable_output_directory(corpus, tmp_path):
                 pytest.skip(f"cannot drop root's file permissions here ({e}); the non-root path covers this check")
             assert proc.returncode == 1, proc.stderr
             err = proc.stderr.strip()
-            assert err.startswith("error: ") and "\n" not in err and "is not writable (Permission denied)" in err
+            assert err.startswith("error: ") and "\n" not in err and "is not writable (permission is denied)" in err
         assert str(locked) in err
         assert list(locked.iterdir()) == []
     finally:
