@@ -142,7 +142,10 @@ def test_an_int8_run_holds_int8_tensors_as_any_safetensors_reader_sees_them(save
     from charlm.commands.compress import compress
     from charlm.options import CompressOptions
 
-    compress(str(saved.parent), CompressOptions(to=str(tmp_path / "int8"), bits=8, tokens=64))
+    compress(
+        str(saved.parent),
+        CompressOptions(to=str(tmp_path / "int8"), bits=8, tokens=256, text=str(tmp_path / "romeo.txt")),
+    )
     arrays = load_numpy(tmp_path / "int8" / BEST)
     values, scales = (
         arrays["quantized.blocks.0.attn.qkv.weight.values"],
