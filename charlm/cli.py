@@ -149,7 +149,7 @@ class ModelPath(click.ParamType):
     name = "path"
 
     def convert(self, value, param, ctx):
-        if "/" in str(value) or Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
+        if Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
             return str(value)
         from charlm.commands.runs import model_path
 

@@ -228,19 +228,49 @@ def resume_configs(
 # ---- listing (`charlm runs`) ---------------------------------------------------------------------
 
 
+CHECKPOINTS = ("last.pt", "best.pt")  # what makes a folder a run: training writes both, compress only best.pt
+DEPTH = 6  # folders below the root searched for runs: lab runs sit at checkpoints/lab/<run>, compress --to anywhere
+
+
+def checkpoint_of(run: Path) -> Path:
+    """The file a run's listing reads: last.pt (where training left off), else best.pt (a compressed run)."""
+    return next((run / n for n in CHECKPOINTS if (run / n).is_file()), run / CHECKPOINTS[0])
+
+
 def find_runs(root: Path = RUNS) -> list[Path]:
-    """The run directories in root (root itself when it is one), newest checkpoint first."""
-    found = [root] if (root / "last.pt").is_file() else [p.parent for p in root.glob("*/last.pt")]
-    return sorted(found, key=lambda p: (p / "last.pt").stat().st_mtime, reverse=True)
+    """Every run directory under root (root itself when it is one): trained, compressed or pruned (compress
+    --to), lab runs (checkpoints/lab/...), at any depth up to DEPTH; newest checkpoint first. Links to
+    folders are not followed (a link to a parent would loop)."""
+    found = []
+    for folder, subfolders, names in os.walk(root, onerror=lambda e: None):
+        if any(n in names for n in CHECKPOINTS) and any((Path(folder) / n).is_file() for n in CHECKPOINTS):
+            found.append(Path(folder))
+        if len(Path(folder).relative_to(root).parts) >= DEPTH:
+            subfolders.clear()
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+    return sorted(found, key=lambda p: checkpoint_of(p).stat().st_mtime, reverse=True)
 
 
-def describe(run: Path) -> dict:
-    """What `charlm runs` shows of one run, read from its last.pt (plain values: a table row or JSON)."""
+def run_name(run: Path, root: Path = RUNS) -> str:
+    """A run's name as `charlm runs` prints it and every command takes it: its path below root
+    ("lab/copy-transformer-s0"), or the folder's own name when it is root itself or not under root."""
+    try:
+        rel = run.relative_to(root)
+    except ValueError:
+        return run.name
+    return rel.as_posix() if rel.parts else run.name
+
+
+def describe(run: Path, root: Path | None = None) -> dict:
+    """What `charlm runs` shows of one run (found in root), read from its last.pt or best.pt (plain values: a
+    table row or JSON)."""
     from charlm import checkpoint  # runs.py sits below checkpoint for resume.py's sake; only listing needs it
 
-    row = {"run": run.name, "path": str(run), "modified": (run / "last.pt").stat().st_mtime}
+    path = checkpoint_of(run)
+    name = run_name(run, root) if root is not None else run.name
+    row = {"run": name, "path": str(run), "modified": path.stat().st_mtime}
     try:
-        saved = checkpoint.read_header(run / "last.pt")
+        saved = checkpoint.read_header(path)
     except CheckpointError as e:
         return {**row, "error": str(e)}
     return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run

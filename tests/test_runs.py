@@ -265,3 +265,26 @@ def test_training_records_its_speed_in_the_cache(tmp_path, monkeypatch):
     speeds = json.loads((tmp_path / "cache" / "speeds.json").read_text())
     ((key, best),) = speeds.items()  # one set-up, both runs
     assert "threads" in key and "batch" in key and best > 0
+
+
+def test_every_run_charlm_writes_is_listed_and_opens_by_name(gen_runs, tmp_path, monkeypatch):
+    """Issue 37: a compressed run (compress --to checkpoints/NAME writes best.pt only) and lab runs (in
+    checkpoints/lab/) were missing from `charlm runs`, and `charlm sample tt-int8` said "no such checkpoint"."""
+    from charlm.lab.training import LAB_DIR
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(gen_runs["tf"], "checkpoints/tt")
+    shutil.copytree(gen_runs["lstm"], LAB_DIR / "copy-lstm-s0")  # where `charlm lab` trains its models
+    r = charlm("compress", "tt", "--to", "checkpoints/tt-int8", "--bits", "8", "--tokens", "256")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(charlm("runs", "--json").stdout)
+    assert sorted(row["run"] for row in rows) == ["lab/copy-lstm-s0", "tt", "tt-int8"]
+    assert all("error" not in row for row in rows)
+    table = charlm("runs").stdout
+    assert "3 runs in checkpoints" in table and "tt-int8" in table and "lab/copy-lstm-s0" in table
+    for name in ("tt-int8", "copy-lstm-s0", "lab/copy-lstm-s0", "lab/copy"):
+        r = charlm("sample", name, "-p", "ROMEO:", "-n", "10", "--seed", "1")
+        assert r.exit_code == 0 and r.stdout.strip(), (name, r.output)
+    assert "int8" in charlm("info", "tt-int8").stdout
+    r = charlm("sample", "t", "-n", "5")  # two runs start with it: say which
+    assert r.exit_code != 0 and "could be 2 runs" in r.stderr and "tt-int8" in r.stderr
