@@ -95,7 +95,7 @@ def test_bad_commands_and_values_get_a_one_line_hint_and_the_repl_goes_on(gen_ru
     for line, hint in (
         ("/bogus", "unknown command /bogus"),
         ("/set temperature warm", "bad value for temperature"),
-        ("/set top_p 2", "top_p must be in (0, 1]"),
+        ("/set top_p 2", "top-p must be in (0, 1]"),
         ("/set colour red", "usage: /set KEY VALUE"),
         ("/mode sideways", "/mode fresh or /mode continue"),
         ("/gates", "has no gates"),
