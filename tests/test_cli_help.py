@@ -140,3 +140,31 @@ def test_sample_stats_on_a_terminal_starts_on_its_own_line(gen_runs, tmp_path):
         stats = re.search(r"(^|\r\n)(\{\"tokens\".*\})\r\n", out)
         assert stats, repr(out)
         assert json.loads(stats.group(2))["tokens"] == 40
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_every_help_fits_its_terminal_and_examples_fold_between_words(width):
+    """Issue 37: examples were written verbatim, so at 80 columns the terminal broke a long command line
+    mid-token. Each now folds at its own spaces with the shell's " \\" and a copy of the lines runs the same
+    command."""
+    from charlm.flags import examples
+
+    for name in COMMANDS:
+        r = CliRunner().invoke(main, [name, "--help"], prog_name="charlm", terminal_width=width)
+        assert r.exit_code == 0
+        assert max(len(line) for line in r.stdout.splitlines()) <= width, (name, width)
+        shown = r.stdout.split("Examples:\n", 1)[1]
+        joined = re.sub(r" \\\n\s+", " ", shown)  # what the shell reads
+        for _, line in examples(name):
+            assert f"  {line}\n" in joined, (name, line)
+
+
+def test_chat_help_lists_the_words_of_the_repl():
+    """Issue 37: `charlm help chat` did not list the REPL's / words."""
+    from charlm.commands.words import CHAT_COMMANDS
+
+    for args in (["help", "chat"], ["chat", "--help"]):
+        out = charlm(*args).stdout
+        inside = out.split("Inside the chat", 1)[1].split("Examples:")[0]
+        for word in [*CHAT_COMMANDS, "/attn", "/set", "Ctrl-C"]:
+            assert re.search(rf"^  {re.escape(word)}\s", inside, re.M), word

@@ -430,3 +430,23 @@ def test_a_viewer_the_model_cannot_show_names_the_other_only_where_it_has_it(vie
     chat.handle("/gates")
     chat.handle("/attn")
     assert screen.getvalue().splitlines() == ["this lstm has no gates", "this lstm has no attention"]
+
+
+def test_set_num_ctx_says_in_one_line_what_the_model_sees(gen_runs):
+    """Issue 37: `/set num_ctx 32` (ollama's context length) suggested num_predict. A charlm model's context
+    is fixed by its training: the hint says what this model sees, and suggests nothing else."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import open_chat
+
+    for kind, says in (("tf", "sees the last 48 tokens"), ("lstm", "reads the whole running text")):
+        console = Console(file=io.StringIO(), width=200)
+        chat = open_chat(str(gen_runs[kind]), SampleConfig(), console=console, interactive=True)
+        for line in ("/set num_ctx 32", "/set parameter num_ctx 32"):
+            chat.handle(line)
+        out = console.file.getvalue()
+        lines = out.strip().splitlines()
+        assert len(lines) == 2 and all(line.startswith("num_ctx: ") and says in line for line in lines), out
+        assert "num_predict" not in out and chat.settings == SampleConfig()
