@@ -8,11 +8,13 @@ import subprocess
 import sys
 
 import pexpect
+import pytest
 from conftest import strip_ansi
 
 from charlm import checkpoint
 from charlm.generate import SampleConfig, Streamer
 from charlm.settings import unescape
+from charlm.views.repl import CLEAR_MARK, CLEAR_SCREEN
 from charlm.views.text import safe_text
 
 MEMORISED = "But soft, what light through yonder window breaks?"
@@ -450,3 +452,26 @@ def test_set_num_ctx_says_in_one_line_what_the_model_sees(gen_runs):
         lines = out.strip().splitlines()
         assert len(lines) == 2 and all(line.startswith("num_ctx: ") and says in line for line in lines), out
         assert "num_predict" not in out and chat.settings == SampleConfig()
+
+
+@pytest.mark.parametrize("term", ["xterm-256color", None])
+def test_ctrl_l_clears_the_screen_and_keeps_the_line(gen_runs, tmp_path, term):
+    """Issue 37: Ctrl-L printed a new blank prompt and cleared nothing where TERM says nothing of clearing
+    (unset or dumb: readline's clear-screen needs it). It now clears the screen, draws the prompt at its top
+    with the half-typed line, and that line is not in the history."""
+    e = {k: v for k, v in env(tmp_path).items() if k != "TERM"} | ({"TERM": term} if term else {})
+    child = pexpect.spawn(
+        sys.executable, ["-m", "charlm", "chat", str(gen_runs["tf"])], env=e, encoding="utf-8", dimensions=(24, 80)
+    )
+    child.timeout = 60
+    child.expect_exact(">>> ")
+    child.send("/sh\x0c")
+    child.expect_exact(CLEAR_SCREEN)  # the screen cleared ...
+    child.expect_exact(">>> /sh")  # ... then the prompt at its top, with what was typed
+    child.send("ow\r")  # the line given back is the line sent
+    child.expect_exact(">>> ")
+    assert "temperature" in plain(child.before) and "unknown command" not in plain(child.before)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    history = (tmp_path / "xdg" / "charlm" / "chat_history").read_text(encoding="utf-8")
+    assert "/show" in history and CLEAR_MARK not in history

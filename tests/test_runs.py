@@ -106,6 +106,18 @@ def test_runs_table_fits_60_columns_with_every_column(folder):
         assert header in out, header
 
 
+def test_runs_table_uses_120_columns_one_line_a_run(folder):
+    """Issue 37: at 120 columns the header still wrapped over three lines (val / bits/ / char) and each run
+    took two. Where the width allows, a run is one line and every header one word or two."""
+    console = Console(file=io.StringIO(), width=120)
+    render_runs(console, [runs.describe(p, folder) for p in runs.find_runs(folder)], "3 runs")
+    lines = console.file.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    header = lines[1].split()
+    assert header == ["run", "corpus", "model", "size", "params", "steps", "time", "val", "bits/char", "when"]
+    assert len(lines) == 3 + 3 and [line.split()[0] for line in lines[3:]] == ["lstm", "bpe", "tf"]
+
+
 def test_age_and_duration():
     assert [age(s) for s in (5, 61, 3 * 3600 + 5, 2 * 86400)] == ["now", "1m ago", "3h ago", "2d ago"]
     assert [duration(s) for s in (44.6, 120.2, 3900)] == ["45s", "2m00s", "1h05m"]

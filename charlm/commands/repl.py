@@ -62,6 +62,7 @@ class Session:
         ('"""', 'a multi-line prompt, up to the next """'),
         ("paste", "several lines pasted are one prompt: Enter sends it"),
         ("Ctrl-C", "stop a generation, or clear the line (it never leaves)"),
+        ("Ctrl-L", "clear the screen (the line typed stays)"),
     ]
 
     def __init__(self, settings: SampleConfig, console: Console | None, interactive: bool | None):
