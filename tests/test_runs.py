@@ -152,6 +152,44 @@ def test_the_live_bar_names_each_phase(tmp_path):
     assert labels[labels.index("evaluating") + 1 :].count("training") >= 1  # the next step says training again
 
 
+@pytest.mark.parametrize("live", [True, False])
+def test_progress_shows_from_the_first_step_before_the_first_evaluation(tmp_path, live):
+    """Issue 37: the first progress came with the first evaluation (57 s of an empty bar on a loaded machine;
+    a log printed nothing until step 50). The bar says it is at its first step, then shows step 1's loss; a
+    log has a line for step 1; both before the first evaluation."""
+    from charlm.events import Evaluated, Started, Stepped
+    from charlm.views.progress import FIRST_STEP
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    console = Console(file=io.StringIO(), force_terminal=live, width=100)
+    view = TrainView(console, log_every=50)
+    seen = []  # (event, the bar's words after it, or the log so far)
+
+    def on_event(e):
+        view(e)
+        if not live:
+            shown = console.file.getvalue()
+        else:
+            shown = None if view.train_task is None else view.progress.tasks[view.train_task].fields["info"]
+        seen.append((type(e), shown))
+
+    cfg = tiny_train(6, sample_tokens=0, eval_interval=3)
+    trainer = Trainer(
+        corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run", on_event=on_event
+    )
+    view.finish(trainer.fit())
+    kinds = [kind for kind, _ in seen]
+    first_eval = kinds.index(Evaluated)
+    assert kinds.index(Stepped) < first_eval
+    after_started, after_step_1 = seen[kinds.index(Started)][1], seen[kinds.index(Stepped)][1]
+    if live:
+        assert after_started == FIRST_STEP and after_step_1.startswith("step 1 · loss ")
+    else:
+        assert re.search(r"^step 1 · loss \d\.\d{3} · [\d,]+ tok/s · ", after_step_1, re.M), after_step_1
+        assert "eval" not in after_step_1
+
+
 def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
     """Regression: with the old default of every 250 steps, a short run showed no validation loss until
     its end. Now the first comes after 5% of the budget, and the next at least 5% apart."""

@@ -1,4 +1,7 @@
-"""Renders training events: a live Rich progress bar on a terminal, plain log lines otherwise."""
+"""Renders training events: a live Rich progress bar on a terminal, plain log lines otherwise. Either shows
+the run from its first step: the bar says it is at its first step until one is done, and a log has a line for
+step 1, then every log_every steps or LOG_SECONDS, whichever comes first (a loaded machine may take a minute
+for 50 steps, and the first evaluation comes sooner)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from rich.text import Text
 from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import command_lines, duration, safe, safe_text, shell_quote
 
+LOG_SECONDS = 10.0  # at most this long between two log lines of steps (a pipe or a file)
+FIRST_STEP = "first step…"  # the bar's words until a step is done (the first one also warms up torch)
+
 
 class TrainView:
     """Call it with each training event."""
@@ -30,6 +36,7 @@ class TrainView:
         self.tps = 0.0  # smoothed tokens/s
         self.last_val = ""
         self.last_step: tuple[int, float] | None = None  # (step, loss) of the latest step
+        self.t_logged: float | None = None  # when the log's latest line of a step was written
         self.loads: list[float] = []  # the machine's load average at each step: was it busy?
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
@@ -129,7 +136,7 @@ class TrainView:
                 "training",
                 total=t.max_time if t.max_time else t.steps,
                 completed=0 if t.max_time else e.start_step,
-                info="",
+                info=FIRST_STEP,
             )
 
     def _info(self, width: int | None = None) -> str:
@@ -162,7 +169,10 @@ class TrainView:
             if t.max_time:  # whichever budget runs out first drives the bar
                 done = max(done, t.max_time * e.step / t.steps)
             self.progress.update(self.train_task, completed=done, info=info, description="training")
-        elif e.step % self.log_every == 0:
+        elif (
+            self.t_logged is None or e.step % self.log_every == 0 or time.perf_counter() - self.t_logged >= LOG_SECONDS
+        ):
+            self.t_logged = time.perf_counter()
             self._print(f"{info} · {duration(e.elapsed)}", highlight=False)
 
     def _evaluated(self, e: Evaluated) -> None:
