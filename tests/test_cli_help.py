@@ -9,12 +9,11 @@ import os
 import re
 import shlex
 import shutil
-import sys
 
 import click
-import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import charlm_pty
 
 from charlm.cli import main
 from charlm.presets import PRESET_TABLE
@@ -124,16 +123,8 @@ def test_missing_checkpoint_shows_usage_and_lists_the_runs(gen_runs, tmp_path, m
 def test_sample_stats_on_a_terminal_starts_on_its_own_line(gen_runs, tmp_path):
     """Regression: the text's last newline sat in the stream buffer while the stats went to stderr,
     so a terminal showed `…To fi{"tokens": …`."""
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     for _ in range(3):  # the buffer's flush depends on timing: try it more than once
-        child = pexpect.spawn(
-            sys.executable,
-            ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", "ROMEO:", "-n", "40", "--seed", "1", "--stats"],
-            env=env,
-            dimensions=(40, 100),
-            encoding="utf-8",
-            timeout=60,
-        )
+        child = charlm_pty(tmp_path, "sample", gen_runs["tf"], "-p", "ROMEO:", "-n", "40", "--seed", "1", "--stats")
         out = child.read()
         child.close()
         assert child.exitstatus == 0, out

@@ -29,7 +29,7 @@ from charlm.models import build_model
 from charlm.models.probes import capture_attention
 from charlm.options import GatesConfig
 from charlm.tokenizer import CharTokenizer
-from tests.conftest import VIEW_TEXT, cli, one_line_error
+from tests.conftest import VIEW_TEXT, charlm_pty, cli, one_line_error
 
 textual = pytest.importorskip("textual")
 from textual.widgets import Input  # noqa: E402
@@ -522,15 +522,7 @@ def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path):
     """`charlm explore` in a pseudo-terminal (100 × 30): the first screen, a key, q, exit status 0."""
     import pexpect
 
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "explore", str(view_runs["tf"]), "ROMEO:\nBut soft"],
-        env=env,
-        dimensions=(30, 100),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "explore", view_runs["tf"], "ROMEO:\nBut soft", size=(100, 30))
     try:
         child.expect("heads: role")
         child.send("]")

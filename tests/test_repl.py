@@ -9,7 +9,7 @@ import sys
 
 import pexpect
 import pytest
-from conftest import strip_ansi
+from conftest import charlm_pty, strip_ansi
 
 from charlm import checkpoint
 from charlm.generate import SampleConfig, Streamer
@@ -21,20 +21,17 @@ MEMORISED = "But soft, what light through yonder window breaks?"
 VISIBLE_ESCAPES = r"[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m"
 
 
+NO_CACHE = {"CHARLM_CACHE": None}  # the history must follow XDG_CACHE_HOME
+
+
 def env(tmp_path) -> dict:
-    e = {k: v for k, v in os.environ.items() if k != "CHARLM_CACHE"}  # the history must follow XDG_CACHE_HOME
+    """The environment of a piped chat: no CHARLM_CACHE, so that the history follows XDG_CACHE_HOME."""
+    e = {k: v for k, v in os.environ.items() if k != "CHARLM_CACHE"}
     return e | {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8"}
 
 
 def spawn(run, tmp_path, *args) -> pexpect.spawn:
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "chat", str(run), *args],
-        env=env(tmp_path),
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(50, 220),
-    )
+    child = charlm_pty(tmp_path, "chat", run, *args, size=(220, 50), env=NO_CACHE)
     child.expect_exact(">>> ")
     return child
 
@@ -343,14 +340,7 @@ def test_unescape():
 def test_ctrl_d_typed_while_chat_loads_leaves_once_it_has_loaded(gen_runs, tmp_path):
     """Issue 28: Ctrl-D typed while `charlm chat` was still loading was lost (the terminal's line discipline ate it,
     and a NUL reached readline), so the chat stayed open; ollama leaves. Type-ahead still waits for the prompt."""
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "chat", str(gen_runs["tf"])],
-        env=env(tmp_path),
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(24, 80),
-    )
+    child = charlm_pty(tmp_path, "chat", gen_runs["tf"], size=(80, 24), env=NO_CACHE)
     child.expect("loading")
     child.sendeof()  # before the banner
     child.expect_exact(">>> ")
@@ -396,14 +386,7 @@ def test_the_status_line_breaks_between_its_parts_on_a_real_terminal(view_runs, 
         ("lstm", 7, (80, 24), "state after 34 tokens"),
     ]
     for run, n, (cols, rows), last in cases:
-        child = pexpect.spawn(
-            sys.executable,
-            ["-m", "charlm", "chat", str(view_runs[run]), "-n", str(n), "--seed", "1"],
-            env=env(tmp_path),
-            encoding="utf-8",
-            timeout=60,
-            dimensions=(rows, cols),
-        )
+        child = charlm_pty(tmp_path, "chat", view_runs[run], "-n", n, "--seed", 1, size=(cols, rows), env=NO_CACHE)
         child.expect_exact(">>> ")
         screen = say(child, "ROMEO: But soft, what light").replace("\r", "")
         leave(child)
@@ -459,11 +442,7 @@ def test_ctrl_l_clears_the_screen_and_keeps_the_line(gen_runs, tmp_path, term):
     """Issue 37: Ctrl-L printed a new blank prompt and cleared nothing where TERM says nothing of clearing
     (unset or dumb: readline's clear-screen needs it). It now clears the screen, draws the prompt at its top
     with the half-typed line, and that line is not in the history."""
-    e = {k: v for k, v in env(tmp_path).items() if k != "TERM"} | ({"TERM": term} if term else {})
-    child = pexpect.spawn(
-        sys.executable, ["-m", "charlm", "chat", str(gen_runs["tf"])], env=e, encoding="utf-8", dimensions=(24, 80)
-    )
-    child.timeout = 60
+    child = charlm_pty(tmp_path, "chat", gen_runs["tf"], size=(80, 24), env={**NO_CACHE, "TERM": term})
     child.expect_exact(">>> ")
     child.send("/sh\x0c")
     child.expect_exact(CLEAR_SCREEN)  # the screen cleared ...

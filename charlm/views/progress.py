@@ -37,6 +37,7 @@ class TrainView:
         self.last_val = ""
         self.last_step: tuple[int, float] | None = None  # (step, loss) of the latest step
         self.t_logged: float | None = None  # when the log's latest line of a step was written
+        self.unsaid: Text | None = None  # a stop's acknowledgment that could not be written when the signal came
         self.loads: list[float] = []  # the machine's load average at each step: was it busy?
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
@@ -44,6 +45,7 @@ class TrainView:
         self.t_started: float | None = None
 
     def __call__(self, event) -> None:
+        self._say_unsaid()
         if isinstance(event, Encoding):
             self._encoding(event)
         elif isinstance(event, Started):
@@ -75,7 +77,15 @@ class TrainView:
         line = f"{name}stopping: saving after this batch… Ctrl-C again to quit without saving"
         if self.live and self.train_task is not None:
             self.progress.update(self.train_task, description="stopping")
-        self._print(Text(line, style="yellow"))
+        try:
+            self._print(Text(line, style="yellow"))
+        except RuntimeError:  # the signal came while this process wrote to the same stream ("reentrant call")
+            self.unsaid = Text(line, style="yellow")  # said with the next event, or with the interruption
+
+    def _say_unsaid(self) -> None:
+        if self.unsaid is not None:
+            line, self.unsaid = self.unsaid, None
+            self._print(line)
 
     def _phase(self, e: Phase) -> None:
         """Name the work between steps on the bar, which would otherwise sit still without a word."""
@@ -193,6 +203,7 @@ class TrainView:
         """A signal stopped the run: where it got to, what last.pt holds, and the command that continues it."""
         try:
             self.close()
+            self._say_unsaid()
             name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
             at = f" at step {e.result.step}" if e.result else " before training started"
             if e.out_dir is None or e.saved_step is None:
