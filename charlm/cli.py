@@ -149,7 +149,7 @@ class ModelPath(click.ParamType):
     name = "path"
 
     def convert(self, value, param, ctx):
-        if "/" in str(value) or Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
+        if Path(value).exists():  # a path: nothing to look up (and numpy not imported yet)
             return str(value)
         from charlm.commands.runs import model_path
 
@@ -269,7 +269,20 @@ def sample(ckpt, text, as_json, **flags):
         click.echo(json.dumps(stats), err=True)
 
 
-@command(config.SampleConfig, options.ChatOptions, args=[path_argument("ckpt")], defaults={"max_tokens": 200})
+def chat_words() -> list[tuple[str, str]]:
+    """What chat's /help lists, for its --help (commands.words: no torch to import)."""
+    from charlm.commands.words import CHAT_COMMANDS, CHAT_HELP_ROWS
+
+    return [*CHAT_COMMANDS.items(), *CHAT_HELP_ROWS]
+
+
+@command(
+    config.SampleConfig,
+    options.ChatOptions,
+    args=[path_argument("ckpt")],
+    defaults={"max_tokens": 200},
+    notes=("Inside the chat (/help lists them too)", chat_words),
+)
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
     settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.ChatOptions, flags)
@@ -476,11 +489,9 @@ def plot(run_dirs, as_json, **flags):
 def lab(name, ckpt, as_json, **flags):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
-    \b
     CPU time of one seed at default size on a 2-core AMD EPYC (Zen 4), about the wall time on an idle
-    core (the lab runs torch on one thread); --seeds K takes K times as long:
-      copy 209 s · recall 175 s · capacity 127 s · induction 39 s · cost 9 s · positions 218 s
-      heads 2 s · ablate 2 s
+    core (the lab runs torch on one thread); --seeds K takes K times as long: copy 209 s · recall 175 s ·
+    capacity 127 s · induction 39 s · cost 9 s · positions 218 s · heads 2 s · ablate 2 s.
     """
     from charlm.commands.lab import lab as run
     from charlm.lab import EXPERIMENTS

@@ -13,11 +13,12 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 
 from charlm.settings import (
+    SEEDS,
+    Range,
     Validated,
     check,
+    check_fields,
     check_paths,
-    check_seed,
-    check_types,
     flag,
     from_dict,
     internal,
@@ -42,7 +43,7 @@ DEVICES = ("auto", "cpu", "cuda")
 UNKNOWN = ("error", "drop", "replace")  # what to do with characters a char tokenizer never saw
 MAX_BATCH = 65536  # sequences per micro-batch: beyond this, memory and int32 indexing give out long before
 DEFAULT_MAX_TIME = 120.0  # seconds: what `charlm train` trains for when given neither --steps nor --max-time
-MIN_DISTILL_T = 0.1  # --distill-temperature: below it the soft targets are the argmax (TrainConfig.validate)
+MIN_DISTILL_T = 0.1  # --distill-temperature: below it the soft targets are the argmax (its Range)
 NO_STEP_LIMIT = 1_000_000_000  # the steps of a run with only a time budget
 # the largest counts a run's flags take: far beyond any run, and numbers every checkpoint can hold (64 bits)
 MAX_STEPS = 10**12
@@ -68,16 +69,35 @@ def unknown_flag(**kw):
 @dataclass
 class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer is (validate() then)
     kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS, section="Model")
-    vocab_size: int = internal(0)  # set from the tokenizer
-    n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True, section="Model")
+    vocab_size: int = internal(0, range=Range(2, 10**7), what="vocabulary size")  # set from the tokenizer
+    # sizes are bounded for every kind, used or not: a checkpoint records them all (and holds numbers of 64 bits)
+    n_layers: int = flag(4, "Number of layers.", name="layers", from_preset=True, section="Model", range=Range(1, 64))
     d_model: int = flag(
-        128, "Transformer width; LSTM/GRU hidden (and embedding) size.", from_preset=True, section="Model"
+        128,
+        "Transformer width; LSTM/GRU hidden (and embedding) size.",
+        from_preset=True,
+        section="Model",
+        range=Range(1, 16384),
     )
     n_heads: int = flag(
-        4, "Attention heads (transformer).", name="heads", from_preset=True, applies_to="transformer", section="Model"
+        4,
+        "Attention heads (transformer).",
+        name="heads",
+        from_preset=True,
+        applies_to="transformer",
+        section="Model",
+        range=Range(1, 16384),
     )
-    context: int = flag(128, "Context length in tokens (the transformer's maximum).", from_preset=True, section="Model")
-    dropout: float = flag(0.0, "Dropout probability while training.", from_preset=True, section="Model")
+    context: int = flag(
+        128,
+        "Context length in tokens (the transformer's maximum).",
+        from_preset=True,
+        section="Model",
+        range=Range(2, 65536),
+    )
+    dropout: float = flag(
+        0.0, "Dropout probability while training.", from_preset=True, section="Model", range=Range(0, 1, high_open=True)
+    )
     positions: str = flag(
         "rope",
         "Transformer positions: rope (rotated queries and keys: relative), alibi (a per-head penalty linear in "
@@ -86,14 +106,17 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         applies_to="transformer",
         section="Model",
     )
-    mlp_ratio: int = internal(4, applies_to="transformer")  # MLP hidden = mlp_ratio * d_model
+    mlp_ratio: int = internal(
+        4, applies_to="transformer", range=Range(1, 16), what="mlp ratio"
+    )  # MLP hidden = mlp_ratio * d_model
     # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and
     # copy models: with a tied head the current key's own embedding pulls the answer toward the key itself)
     tied: bool = internal(True, applies_to="transformer")
     # a pruned model's sizes (charlm compress drops heads or units): None means the usual d_model // n_heads and
     # d_model. A transformer that lost heads keeps their size: its attention is n_heads × head_dim wide
-    head_dim: int | None = internal(None, applies_to="transformer")
-    hidden: int | None = internal(None)  # an LSTM/GRU's hidden size (its embedding stays d_model)
+    head_dim: int | None = internal(None, applies_to="transformer", range=Range(1, 16384), what="head size")
+    # an LSTM/GRU's hidden size (its embedding stays d_model)
+    hidden: int | None = internal(None, range=Range(1, 16384), what="hidden size")
 
     @property
     def head_size(self) -> int:
@@ -120,21 +143,10 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         return f"{self.kind} ({layers} × {self.d_model}{heads}, context {self.context})"
 
     def validate(self) -> ModelConfig:
-        check_types(self)
-        check(self.kind in MODEL_KINDS, f"unknown model {shown(self.kind)}: choose one of {', '.join(MODEL_KINDS)}")
+        check_fields(self)
         check(
-            2 <= self.vocab_size <= 10**7, f"vocabulary size must be between 2 and 10^7, got {shown(self.vocab_size)}"
-        )
-        # bounded for every kind, used or not: a checkpoint records them all (and holds numbers of 64 bits)
-        check(1 <= self.n_heads <= 16384, f"--heads must be between 1 and 16384, got {shown(self.n_heads)}")
-        check(1 <= self.mlp_ratio <= 16, f"mlp ratio must be between 1 and 16, got {shown(self.mlp_ratio)}")
-        check(1 <= self.n_layers <= 64, f"--layers must be between 1 and 64, got {self.n_layers}")
-        check(1 <= self.d_model <= 16384, f"--d-model must be between 1 and 16384, got {self.d_model}")
-        check(2 <= self.context <= 65536, f"--context must be between 2 and 65536, got {self.context}")
-        check(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}")
-        check(
-            self.head_dim is None or 1 <= self.head_dim <= 16384 and self.n_heads * self.head_dim <= 16384,
-            f"head size must be between 1 and 16384, got {shown(self.head_dim)}",
+            self.head_dim is None or self.n_heads * self.head_dim <= 16384,
+            f"--heads × head size must be at most 16384, got {self.n_heads} × {self.head_dim}",
         )
         if self.applies("n_heads"):  # the transformer's own fields
             check(
@@ -142,18 +154,9 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
                 f"--d-model {self.d_model} is not divisible by --heads {self.n_heads}: pick sizes where it is (e.g. 128 and 4)",
             )
             check(
-                self.positions in POSITIONS,
-                f"unknown --positions {shown(self.positions)}: choose one of {', '.join(POSITIONS)}",
-            )
-            check(
                 self.positions != "rope" or self.head_size % 2 == 0,
                 f"rope needs an even head size, but --d-model {self.d_model} / --heads {self.n_heads} = {self.head_size}",
             )
-            check(1 <= self.mlp_ratio <= 16, f"mlp ratio must be between 1 and 16, got {self.mlp_ratio}")
-        check(
-            self.hidden is None or 1 <= self.hidden <= 16384,
-            f"hidden size must be between 1 and 16384, got {self.hidden}",
-        )
         return self
 
     def to_dict(self) -> dict:
@@ -171,25 +174,41 @@ class TrainConfig(Validated):
     )
     # the BPE tokenizer's target size (ModelConfig.vocab_size is the real one, the tokenizer's)
     bpe_vocab: int = flag(1024, "BPE vocabulary size.", name="vocab-size", applies_to="bpe", section="Data")
-    batch_size: int = flag(32, "Sequences per micro-batch and process.", from_preset=True, section="Optimisation")
+    batch_size: int = flag(
+        32, "Sequences per micro-batch and process.", from_preset=True, section="Optimisation", range=Range(1)
+    )
     grad_accum: int = flag(
         1,
         "Micro-batches per optimizer step: effective batch = batch size × grad accum × processes.",
         section="Optimisation",
+        range=Range(1, 65536),
     )
-    lr: float = flag(3e-3, "Peak learning rate.", from_preset=True, section="Optimisation")
-    min_lr_ratio: float = internal(0.1)  # cosine decays to lr * min_lr_ratio
-    warmup: int = flag(100, "Warmup steps.", section="Optimisation")
+    lr: float = flag(
+        3e-3,
+        "Peak learning rate.",
+        from_preset=True,
+        section="Optimisation",
+        range=Range(0, 10, low_open=True, high_open=True, text="a positive learning rate below 10"),
+    )
+    min_lr_ratio: float = internal(0.1, range=Range(0, 1), what="min lr ratio")  # cosine decays to lr * this
+    warmup: int = flag(100, "Warmup steps.", section="Optimisation", range=Range(0, MAX_STEPS))
     optimizer: str = flag(
         "muon",
         "muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for all.",
         choices=OPTIMIZERS,
         section="Optimisation",
     )
-    muon_lr: float = flag(0.02, "Muon's peak learning rate (it follows the same schedule).", section="Optimisation")
-    weight_decay: float = flag(0.1, "AdamW weight decay of matrices and embeddings.", section="Optimisation")
-    beta2: float = internal(0.99)
-    grad_clip: float = internal(1.0)
+    muon_lr: float = flag(
+        0.02,
+        "Muon's peak learning rate (it follows the same schedule).",
+        section="Optimisation",
+        range=Range(0, 10, low_open=True, high_open=True, text="positive and below 10"),
+    )
+    weight_decay: float = flag(
+        0.1, "AdamW weight decay of matrices and embeddings.", section="Optimisation", range=Range(0)
+    )
+    beta2: float = internal(0.99, range=Range(0, 1, high_open=True))
+    grad_clip: float = internal(1.0, range=Range(0, low_open=True), what="gradient clipping")
     precision: str = flag(
         "auto",
         "Autocast dtype: auto uses bf16 on GPUs and on CPUs with native bf16, else fp32.",
@@ -204,6 +223,7 @@ class TrainConfig(Validated):
         resumable=True,
         derived=True,
         section="Run",
+        range=Range(1, MAX_STEPS),
     )
     # seconds; training stops (and the schedule ends) when it runs out
     max_time: float | None = flag(
@@ -213,6 +233,7 @@ class TrainConfig(Validated):
         resumable=True,
         derived=True,
         section="Run",
+        range=Range(0, MAX_TIME, low_open=True, text=f"positive and at most {MAX_TIME:g}s (about 31 years)"),
     )
     eval_interval: int | None = flag(
         None,
@@ -220,13 +241,18 @@ class TrainConfig(Validated):
         "then as often as costs ~5% of the time].",
         resumable=True,
         section="Run",
+        range=Range(1, MAX_STEPS),
     )
-    eval_iters: int = flag(20, "Batches per evaluation.", resumable=True, section="Run")
-    val_fraction: float = internal(0.1)
+    eval_iters: int = flag(20, "Batches per evaluation.", resumable=True, section="Run", range=Range(1, MAX_ITERS))
+    val_fraction: float = internal(0.1, range=Range(0, 1, low_open=True, high_open=True))
     sample_tokens: int = flag(
-        200, "Length of the samples shown at each evaluation and at the end (0: none).", resumable=True, section="Run"
+        200,
+        "Length of the samples shown at each evaluation and at the end (0: none).",
+        resumable=True,
+        section="Run",
+        range=Range(0, MAX_ITERS),
     )
-    seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run")
+    seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run", range=SEEDS)
     device: str = device_flag(resumable=True, section="Run")
     compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
     # distillation (charlm.distill): the loss is (1 - w) CE + w T² KL(teacher_T || student_T); w = 0 trains as usual
@@ -237,10 +263,18 @@ class TrainConfig(Validated):
     # loaded it: a resume distils from that file or refuses (distill.Teacher); never set by a caller
     teacher_sha256: str | None = field(default=None, metadata=dict(flag=False, recorded=True))
     distill_temperature: float = flag(
-        2.0, "Temperature of the teacher's and student's distributions.", section="Distillation"
+        2.0,
+        "Temperature of the teacher's and student's distributions.",
+        section="Distillation",
+        # below 0.1 the soft targets are the teacher's argmax and the T²-scaled term is lost in rounding; at 1e-40,
+        # logits / T overflow and the first step's loss is NaN
+        range=Range(MIN_DISTILL_T, 100),
     )
     distill_weight: float = flag(
-        0.5, "Share of the loss from the teacher's soft targets (0: ordinary training).", section="Distillation"
+        0.5,
+        "Share of the loss from the teacher's soft targets (0: ordinary training).",
+        section="Distillation",
+        range=Range(0, 1),
     )
 
     @staticmethod
@@ -256,61 +290,21 @@ class TrainConfig(Validated):
         return self.steps < NO_STEP_LIMIT
 
     def validate(self) -> TrainConfig:
-        check_types(self)
-        check(self.tokenizer in TOKENIZERS, f"unknown --tokenizer {shown(self.tokenizer)}: choose char or bpe")
         check(
             (self.tokenizer != "bpe" or 257 <= self.bpe_vocab) and self.bpe_vocab <= 1_000_000,
             f"--vocab-size must be between 257 and 1000000 for BPE (it starts from 256 bytes), got {self.bpe_vocab}",
         )
-        check(self.optimizer in OPTIMIZERS, f"unknown --optimizer {shown(self.optimizer)}: choose muon or adamw")
-        check(0 < self.muon_lr < 10, f"--muon-lr must be positive and below 10, got {self.muon_lr}")
-        check(1 <= self.steps <= MAX_STEPS, f"--steps must be between 1 and 10^12, got {shown(self.steps)}")
-        check(self.max_time is None or self.max_time > 0, "--max-time must be positive")
-        check(
-            self.max_time is None or self.max_time <= MAX_TIME,
-            f"--max-time must be at most {MAX_TIME:g}s (about 31 years), got {shown(self.max_time)}",
-        )
-        check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         check(
             self.batch_size <= MAX_BATCH,
             f"--batch-size must be at most {MAX_BATCH}, got {self.batch_size}: "
             "--grad-accum gives larger effective batches",
         )
-        check(self.precision in PRECISIONS, f"unknown --precision {shown(self.precision)}: choose auto, fp32 or bf16")
-        check(1 <= self.grad_accum <= 65536, f"--grad-accum must be between 1 and 65536, got {self.grad_accum}")
-        check(0 < self.lr < 10, f"--lr must be a positive learning rate below 10, got {self.lr}")
-        check(0 <= self.min_lr_ratio <= 1, f"min lr ratio must be in [0, 1], got {self.min_lr_ratio}")
-        check(0 <= self.warmup <= MAX_STEPS, f"--warmup must be between 0 and 10^12, got {shown(self.warmup)}")
-        check(self.weight_decay >= 0, f"--weight-decay must be at least 0, got {self.weight_decay}")
         check(math.isfinite(self.weight_decay), f"--weight-decay must be a finite number, got {self.weight_decay}")
-        check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
-        check(self.grad_clip > 0, f"gradient clipping must be positive, got {self.grad_clip}")
-        check(
-            self.eval_interval is None or 1 <= self.eval_interval <= MAX_STEPS,
-            f"--eval-interval must be between 1 and 10^12, got {shown(self.eval_interval)}",
-        )
-        check(
-            1 <= self.eval_iters <= MAX_ITERS,
-            f"--eval-iters must be between 1 and 1000000, got {shown(self.eval_iters)}",
-        )
-        check(0 < self.val_fraction < 1, f"--val-fraction must be between 0 and 1, got {self.val_fraction}")
-        check(self.device in DEVICES, f"unknown --device {shown(self.device)}: choose auto, cpu or cuda")
-        check(
-            0 <= self.sample_tokens <= MAX_ITERS,
-            f"--sample-tokens must be between 0 and 1000000, got {shown(self.sample_tokens)}",
-        )
-        check(  # below 0.1 the soft targets are the teacher's argmax and the T²-scaled term is lost in rounding;
-            # at 1e-40, logits / T overflow and the first step's loss is NaN
-            MIN_DISTILL_T <= self.distill_temperature <= 100,
-            f"--distill-temperature must be between {MIN_DISTILL_T} and 100, got {shown(self.distill_temperature)}",
-        )
-        check(0 <= self.distill_weight <= 1, f"--distill-weight must be between 0 and 1, got {self.distill_weight}")
         check_paths(self, "teacher")
         check(
             self.teacher_sha256 is None or re.fullmatch(r"[0-9a-f]{64}", self.teacher_sha256) is not None,
             f"the teacher's recorded sha256 is not one, got {shown(self.teacher_sha256)}",
         )
-        check_seed(self.seed)
         return self
 
     def to_dict(self) -> dict:
@@ -330,11 +324,17 @@ NONE_WORDS = ("none", "off", "random")  # typed for a setting that may be empty 
 class SampleConfig(Validated):
     """How a prompt is read and each next token picked: the flags of sample, chat and compare, and chat's /set."""
 
-    temperature: float = flag(0.8, "0: greedy (always the most likely token).", short="t", example="0.8")
-    top_k: int = flag(0, "Keep the k most likely tokens (0: off).", example="40")
-    top_p: float = flag(1.0, "Nucleus: keep tokens up to this probability (1: off).", example="0.9")
-    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.", example="1.2")
-    max_tokens: int = flag(500, "New tokens to generate.", short="n", example="300")
+    temperature: float = flag(
+        0.8, "0: greedy (always the most likely token).", short="t", example="0.8", range=Range(0, 100)
+    )
+    top_k: int = flag(0, "Keep the k most likely tokens (0: off).", example="40", range=Range(0))
+    top_p: float = flag(
+        1.0, "Nucleus: keep tokens up to this probability (1: off).", example="0.9", range=Range(0, 1, low_open=True)
+    )
+    repetition_penalty: float = flag(
+        1.0, ">1 discourages repeating tokens.", example="1.2", range=Range(0, 10, low_open=True)
+    )
+    max_tokens: int = flag(500, "New tokens to generate.", short="n", example="300", range=Range(0))
     stop: list[str] = flag(
         None,
         r"Stop at this text (cut off); repeatable; \n and \t are escapes.",
@@ -342,24 +342,11 @@ class SampleConfig(Validated):
         example=r"\n\n (or none)",
         default_factory=list,
     )
-    seed: int | None = flag(None, "Same seed, same text [default: random].", example="42 (or none)")
+    seed: int | None = flag(None, "Same seed, same text [default: random].", example="42 (or none)", range=SEEDS)
     unknown: str = unknown_flag(example="drop")
 
     def validate(self) -> SampleConfig:
-        check_types(self)
-        check(
-            isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100,
-            f"temperature must be between 0 and 100, got {self.temperature}",
-        )
-        check(self.top_k >= 0, f"top_k must be 0 (off) or more, got {self.top_k}")
-        check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        check(
-            0 < self.repetition_penalty <= 10, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
-        )
-        check(self.max_tokens >= 0, f"max_tokens must be 0 or more, got {self.max_tokens}")
-        check(all(isinstance(s, str) and s for s in self.stop), "stop strings must not be empty")
-        check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be between 0 and 2^63 - 1, got {self.seed}")
-        check(self.unknown in UNKNOWN, f"unknown must be one of {', '.join(UNKNOWN)}, got {self.unknown!r}")
+        check(all(s for s in self.stop), "stop strings must not be empty")
         return self
 
     def plain(self, vocab_size: int) -> bool:

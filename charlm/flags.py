@@ -47,10 +47,28 @@ class CharlmCommand(click.Command):
         if self.notes:  # (title, a function that gives the rows)
             with formatter.section(self.notes[0]):
                 formatter.write_dl(self.notes[1]())
-        with formatter.section("Examples"):  # verbatim: a command line must not be re-wrapped
+        with formatter.section("Examples"):  # never re-wrapped as prose: a command line folds at its own spaces
             pad = " " * formatter.current_indent
             for what, line in examples(self.name):
-                formatter.write(f"{pad}# {what}\n{pad}{line}\n")
+                for part in click_textwrap.TextWrapper(formatter.width - len(pad) - 2).wrap(what):
+                    formatter.write(f"{pad}# {part}\n")
+                formatter.write("".join(f"{pad}{part}\n" for part in fold_command(line, formatter.width - len(pad))))
+
+
+def fold_command(line: str, width: int) -> list[str]:
+    """A command line as lines of at most `width` (where its words allow), each but the last ending in " \\"
+    (the shell's continuation) and the rest indented: it breaks between words, never inside a word or a
+    quoted text, so that the terminal never breaks it mid-token and a copy still runs."""
+    words = re.findall(r"(?:\"[^\"]*\"|'[^']*'|\S)+", line)
+    lines, current = [], ""
+    for word in words:
+        joined = f"{current} {word}" if current else word
+        if current and len(joined) + 2 > width:  # room for " \\"
+            lines.append(current + " \\")
+            current = "    " + word
+        else:
+            current = joined
+    return [*lines, current]
 
 
 # Click wraps help with textwrap, which breaks at hyphens ("--max-" / "time"): flags must stay whole

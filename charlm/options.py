@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from charlm.config import device_flag, unknown_flag
 from charlm.errors import ConfigError
 from charlm.presets import PRESETS
-from charlm.settings import Validated, check, check_paths, check_seed, check_types, flag
+from charlm.settings import SEEDS, Range, Validated, check, check_paths, flag
 
 
 def no_cache_flag():
@@ -24,13 +24,9 @@ class ViewConfig(Validated):
     """What part of a text the viewers show: the flags attn and gates share, and the words of /attn and /gates."""
 
     layer: int | None = flag(None, "Layer (from 0) [default: the last].", positional=True)
-    tokens: int | None = flag(None, "How many tokens to show [default: as many as fit].")
+    tokens: int | None = flag(None, "How many tokens to show [default: as many as fit].", range=Range(1))
     end: int | None = flag(None, "Show the tokens before this position [default: the end].")
     ascii: bool = flag(False, "Plain ASCII shades and labels.")
-
-    def validate(self):
-        check(self.tokens is None or self.tokens >= 1, f"tokens must be at least 1, got {self.tokens}")
-        return self
 
 
 @dataclass
@@ -44,7 +40,7 @@ class AttnConfig(ViewConfig):
         "What one token looked at: a position (negative: from the end), or text (its last occurrence's last "
         "token) [default in chat: the last token].",
     )
-    top: int = flag(10, "Keys listed by --focus.")
+    top: int = flag(10, "Keys listed by --focus.", range=Range(1))
     scale: str = flag("row", "Shade by each row's largest weight, or absolute (1 = darkest).", choices=("row", "abs"))
 
     @property
@@ -59,7 +55,6 @@ class AttnConfig(ViewConfig):
             "overview shows every head: drop the layer/head/mean choice, or drop overview",
         )
         check(not (self.head is not None and self.mean), "choose one head or the mean over heads, not both")
-        check(self.top >= 1, f"top must be at least 1, got {self.top}")
         return self
 
 
@@ -93,14 +88,8 @@ class PlotConfig(Validated):
         "bpc", "Bits per character (comparable across tokenizers), or loss in nats per token.", choices=("bpc", "loss")
     )
     x: str = flag("step", "Optimizer steps, or training time.", choices=("step", "time"))
-    width: int | None = flag(None, "Width in characters [default: the terminal's, at most 120].")
-    height: int = flag(20, "Height in lines.")
-
-    def validate(self) -> PlotConfig:
-        check_types(self)
-        check(self.width is None or self.width >= 30, f"--width must be at least 30, got {self.width}")
-        check(self.height >= 8, f"--height must be at least 8, got {self.height}")
-        return self
+    width: int | None = flag(None, "Width in characters [default: the terminal's, at most 120].", range=Range(30))
+    height: int = flag(20, "Height in lines.", range=Range(8))
 
 
 @dataclass
@@ -108,17 +97,18 @@ class LabConfig(Validated):
     """How `charlm lab NAME` runs an experiment (charlm.lab.run_experiment) and draws it."""
 
     quick: bool = flag(False, "Test size: seconds instead of minutes.")
-    seed: int = flag(0, "Same seed, same table.")
-    seeds: int = flag(1, "Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.")
+    seed: int = flag(0, "Same seed, same table.", range=SEEDS)
+    seeds: int = flag(
+        1,
+        "Train each model with this many seeds (--seed, --seed + 1, ...); the table shows every one.",
+        range=Range(1, 100),
+    )
     out: str | None = flag(None, "Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
     text: str | None = flag(None, "ablate: the text scored [default: the run's corpus.txt].")
     plain: bool = flag(False, "A chart without colours (series told apart by their markers).")
     device: str = device_flag()
 
     def validate(self) -> LabConfig:
-        check_types(self)
-        check_seed(self.seed)
-        check(1 <= self.seeds <= 100, f"--seeds must be between 1 and 100, got {self.seeds}")
         check_paths(self, "out", "text")
         return self
 
@@ -144,7 +134,6 @@ class TrainOptions(Validated):
     )
 
     def validate(self) -> TrainOptions:
-        check_types(self)
         check_paths(self, "out")
         return self
 
@@ -157,7 +146,6 @@ class PromptOptions(Validated):
     prompt_file: str | None = flag(None, "Read the text from this file ('-': stdin).")
 
     def validate(self):
-        check_types(self)
         check(self.prompt is None or self.prompt_file is None, "give --prompt or --prompt-file, not both")
         check_paths(self, "prompt_file")
         return self
@@ -167,16 +155,11 @@ class PromptOptions(Validated):
 class SampleOptions(Validated):
     """`charlm sample`'s flags beside its prompt and its SampleConfig."""
 
-    num_samples: int = flag(1, "Samples, separated by a line '---'.")
+    num_samples: int = flag(1, "Samples, separated by a line '---'.", range=Range(1))
     echo: bool = flag(True, "Print the prompt before its continuation.")
     stats: bool = flag(False, "One JSON line on stderr: tokens, seconds, tokens_per_s, ttft_ms.")
     no_cache: bool = no_cache_flag()
     device: str = device_flag()
-
-    def validate(self) -> SampleOptions:
-        check_types(self)
-        check(self.num_samples >= 1, f"--num-samples must be at least 1, got {self.num_samples}")
-        return self
 
 
 @dataclass
@@ -187,22 +170,13 @@ class ChatOptions(Validated):
     no_cache: bool = no_cache_flag()
     device: str = device_flag()
 
-    def validate(self) -> ChatOptions:
-        check_types(self)
-        return self
-
 
 @dataclass
 class LookOptions(PromptOptions):
     """The text attn and gates read, and how wide they draw (their views: AttnConfig, GatesConfig)."""
 
-    width: int | None = flag(None, "Width in characters [default: the terminal's].")
+    width: int | None = flag(None, "Width in characters [default: the terminal's].", range=Range(20))
     unknown: str = unknown_flag()
-
-    def validate(self) -> LookOptions:
-        super().validate()
-        check(self.width is None or self.width >= 20, f"--width must be at least 20, got {self.width}")
-        return self
 
 
 @dataclass
@@ -235,10 +209,6 @@ class EvalOptions(Validated):
     unknown: str = unknown_flag()
     device: str = device_flag()
 
-    def validate(self) -> EvalOptions:
-        check_types(self)
-        return self
-
 
 BITS = (32, 16, 8, 4)  # what charlm compress stores a weight in: float32, bf16, int8, int4
 
@@ -253,19 +223,19 @@ class CompressOptions(Validated):
     bits: int = flag(
         32, "Bits per stored weight: 32 (float32), 16 (bf16), 8 (int8 per output channel), 4 (int4 per group of 32)."
     )
-    drop_heads: int = flag(0, "Transformer: drop this many heads of each layer, the least important (measured).")
-    drop_units: int = flag(0, "LSTM/GRU: drop this many hidden units of each layer, the least important (measured).")
+    drop_heads: int = flag(
+        0, "Transformer: drop this many heads of each layer, the least important (measured).", range=Range(0)
+    )
+    drop_units: int = flag(
+        0, "LSTM/GRU: drop this many hidden units of each layer, the least important (measured).", range=Range(0)
+    )
     report: bool = flag(False, "Measure every method at a few settings, one table (writes nothing).")
     text: str | None = flag(None, "The text scored [default: the validation part of the run's corpus].")
-    tokens: int = flag(32768, "Tokens of the text scored (and 1/8 of them to measure importance).")
+    tokens: int = flag(32768, "Tokens of the text scored (and 1/8 of them to measure importance).", range=Range(64))
 
     def validate(self) -> CompressOptions:
-        check_types(self)
         check_paths(self, "to", "text")
         check(self.bits in BITS, f"--bits must be one of {', '.join(map(str, BITS))}, got {self.bits}")
-        check(self.drop_heads >= 0, f"--drop-heads must be 0 or more, got {self.drop_heads}")
-        check(self.drop_units >= 0, f"--drop-units must be 0 or more, got {self.drop_units}")
-        check(self.tokens >= 64, f"--tokens must be at least 64, got {self.tokens}")
         if self.report:  # (short: the terminal folds a line past 80 columns mid-word)
             given = [f"--{name}" for name, value in self._writing().items() if value]
             why = "measures every setting and writes nothing" if len(given) < 2 else "writes nothing"
@@ -290,6 +260,5 @@ class CompareOptions(Validated):
     device: str = device_flag()
 
     def validate(self) -> CompareOptions:
-        check_types(self)
         check_paths(self, "eval_file")
         return self

@@ -242,25 +242,58 @@ def teacher_file(name: str) -> str:
 # ---- listing (`charlm runs`) ---------------------------------------------------------------------
 
 
+DEPTH = 6  # folders below the root searched for runs: lab runs sit at checkpoints/lab/<run>, compress --to anywhere
+
+
+def checkpoints() -> tuple[str, ...]:
+    """The files that make a folder a run: training writes last and best, compress only best (an older
+    charlm's .pt names after)."""
+    from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST  # (lazy, as in describe)
+
+    return (LAST, BEST, OLD_LAST, OLD_BEST)
+
+
+def checkpoint_of(run: Path) -> Path:
+    """The file a run's listing reads: its last checkpoint (where training left off), else its best (a
+    compressed run)."""
+    names = checkpoints()
+    return next((run / n for n in names if (run / n).is_file()), run / names[0])
+
+
 def find_runs(root: Path = RUNS) -> list[Path]:
-    """The run directories in root (root itself when it is one), newest checkpoint first."""
-    from charlm.checkpoint import LAST, OLD_LAST, last_of
+    """Every run directory under root (root itself when it is one): trained, compressed or pruned (compress
+    --to), lab runs (checkpoints/lab/...), at any depth up to DEPTH; newest checkpoint first. Links to
+    folders are not followed (a link to a parent would loop)."""
+    found, wanted = [], checkpoints()
+    for folder, subfolders, names in os.walk(root, onerror=lambda e: None):
+        if any(n in names for n in wanted) and any((Path(folder) / n).is_file() for n in wanted):
+            found.append(Path(folder))
+        if len(Path(folder).relative_to(root).parts) >= DEPTH:
+            subfolders.clear()
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+    return sorted(found, key=lambda p: checkpoint_of(p).stat().st_mtime, reverse=True)
 
-    if any((root / n).is_file() for n in (LAST, OLD_LAST)):
-        found = [root]
-    else:
-        found = sorted({p.parent for n in (LAST, OLD_LAST) for p in root.glob(f"*/{n}") if p.is_file()})
-    return sorted(found, key=lambda p: last_of(p).stat().st_mtime, reverse=True)
+
+def run_name(run: Path, root: Path = RUNS) -> str:
+    """A run's name as `charlm runs` prints it and every command takes it: its path below root
+    ("lab/copy-transformer-s0"), or the folder's own name when it is root itself or not under root."""
+    try:
+        rel = run.relative_to(root)
+    except ValueError:
+        return run.name
+    return rel.as_posix() if rel.parts else run.name
 
 
-def describe(run: Path) -> dict:
-    """What `charlm runs` shows of one run, read from its last checkpoint (plain values: a table row or JSON)."""
+def describe(run: Path, root: Path | None = None) -> dict:
+    """What `charlm runs` shows of one run (found in root), read from its last or best checkpoint (plain values: a
+    table row or JSON)."""
     from charlm import checkpoint  # runs.py sits below checkpoint for resume.py's sake; only listing needs it
 
-    last = checkpoint.last_of(run)
-    row = {"run": run.name, "path": str(run), "modified": last.stat().st_mtime}
+    path = checkpoint_of(run)
+    name = run_name(run, root) if root is not None else run.name
+    row = {"run": name, "path": str(run), "modified": path.stat().st_mtime}
     try:
-        saved = checkpoint.read_header(last)
+        saved = checkpoint.read_header(path)
     except CheckpointError as e:
         return {**row, "error": str(e)}
     return {**saved.summary(), **row}  # the directory's name, whatever the file calls its run

@@ -7,10 +7,11 @@ text (durations, escaped stop strings). Knows no config and no command.
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 import reprlib
-from dataclasses import field, fields
+from dataclasses import dataclass, field, fields
 
 from charlm.errors import ConfigError
 
@@ -19,10 +20,16 @@ NONE_WORDS = ("none", "off", "random")  # typed for a setting that may be empty 
 
 class Validated:
     """A config that validates itself when it is made (and when dataclasses.replace makes a changed copy): every
-    one that exists is valid, so a command takes it as it is, from the CLI or from Python alike."""
+    one that exists is valid, so a command takes it as it is, from the CLI or from Python alike. Each field is
+    checked against its own declaration (check_fields: its type, choices and range); validate() adds what
+    involves several fields."""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         self.validate()
+
+    def validate(self):
+        return self
 
 
 def check(ok: bool, message: str) -> None:
@@ -69,7 +76,52 @@ _KINDS = {
     "str": (lambda x: isinstance(x, str), "text"),
     "bool": (lambda x: isinstance(x, bool), "true or false"),
     "list[str]": (lambda x: isinstance(x, list) and all(isinstance(s, str) for s in x), "a list of text"),
+    "int | list[int]": (lambda x: _whole(x) or isinstance(x, list) and all(map(_whole, x)), "a count or a list"),
 }
+
+
+def _bound(x) -> str:
+    """A range's bound as messages write it: 10^12, 2^63 - 1, 0.5."""
+    if _whole(x) and x == 2**63 - 1:
+        return "2^63 - 1"
+    if _whole(x) and x >= 10**7 and str(x).rstrip("0") == "1":
+        return f"10^{len(str(x)) - 1}"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field takes, written once on its declaration (flag(range=...), internal(range=...)): each
+    bound included unless open; None: no bound. text: how a message says it, where the bounds alone read badly."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    text: str | None = None
+
+    def __contains__(self, x) -> bool:
+        if isinstance(x, float) and math.isnan(x):
+            return False
+        above = self.low is None or (x > self.low if self.low_open else x >= self.low)
+        return above and (self.high is None or (x < self.high if self.high_open else x <= self.high))
+
+    def __str__(self) -> str:
+        if self.text:
+            return self.text
+        low, high = _bound(self.low), _bound(self.high)
+        if self.high is None:
+            return ("positive" if self.low == 0 else f"above {low}") if self.low_open else f"at least {low}"
+        if self.low is None:
+            return f"below {high}" if self.high_open else f"at most {high}"
+        if not (self.low_open or self.high_open):
+            return f"between {low} and {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def label(f) -> str:
+    """A field as a message names it: its flag ("--d-model"), or its own words (internal(what=...))."""
+    return f"--{flag_name(f)}" if flag_name(f) else f.metadata.get("what") or f.name.replace("_", " ")
 
 
 def check_types(config) -> None:
@@ -81,12 +133,22 @@ def check_types(config) -> None:
         kind, optional = str(f.type).removesuffix(" | None"), str(f.type).endswith(" | None")
         ok, what = _KINDS.get(kind, (lambda x: True, ""))
         if not (ok(value) or optional and value is None):
-            name = f"--{flag_name(f)}" if flag_name(f) else f.name.replace("_", " ")
-            check(False, f"{name} must be {what}{' or nothing' if optional else ''}, got {shown(value)}")
+            check(False, f"{label(f)} must be {what}{' or nothing' if optional else ''}, got {shown(value)}")
 
 
-def check_seed(seed: int | None) -> None:
-    check(seed is None or 0 <= seed < 2**63, f"--seed must be between 0 and 2^63 - 1, got {seed}")
+def check_fields(config) -> None:
+    """Every field against its own declaration: its type (check_types), then its choices or its range
+    (flag(choices=..., range=...)). A value of None (an optional field left empty) has neither."""
+    check_types(config)
+    for f in fields(config):
+        value, choices, bounds = getattr(config, f.name), f.metadata.get("choices"), f.metadata.get("range")
+        if choices and value is not None and value not in choices:
+            check(False, f"unknown {label(f)} {shown(value)}: choose one of {', '.join(map(str, choices))}")
+        if bounds and isinstance(value, numbers.Real) and value not in bounds:
+            check(False, f"{label(f)} must be {bounds}, got {shown(value)}")
+
+
+SEEDS = Range(0, 2**63 - 1)  # what a torch.Generator takes
 
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)\s*")  # one number and its unit, matched part by part:
@@ -154,6 +216,7 @@ def flag(
     from_preset: bool = False,
     derived: bool = False,
     applies_to: str | None = None,
+    range: Range | None = None,
     **kw,
 ):
     """A config field with its command-line flag. name: the flag without "--" (default: the field's name
@@ -163,7 +226,8 @@ def flag(
     resumable: `--resume` may change it. from_preset: the CLI default comes from --preset (the field's
     default applies to code that builds configs itself). derived: the command works the value out when the
     flag is absent (--steps and --max-time from each other). applies_to: the only model kind (ModelConfig)
-    or tokenizer (TrainConfig) the setting means anything for."""
+    or tokenizer (TrainConfig) the setting means anything for. range: the numbers it takes (Range); choices
+    and range are checked wherever the config is made (Validated), from the CLI or from Python."""
     meta = dict(
         flag=name,
         short=short,
@@ -177,15 +241,17 @@ def flag(
         from_preset=from_preset,
         derived=derived,
         applies_to=applies_to,
+        range=range,
     )
     if "default_factory" in kw:
         return field(metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
 
 
-def internal(default, applies_to: str | None = None, **kw):
-    """A field with no command-line flag: set by code (vocab_size from the tokenizer) or fixed by design."""
-    return field(default=default, metadata=dict(flag=False, applies_to=applies_to), **kw)
+def internal(default, applies_to: str | None = None, range: Range | None = None, what: str | None = None, **kw):
+    """A field with no command-line flag: set by code (vocab_size from the tokenizer) or fixed by design.
+    what: its name in a message ("vocabulary size")."""
+    return field(default=default, metadata=dict(flag=False, applies_to=applies_to, range=range, what=what), **kw)
 
 
 def flag_name(f) -> str | None:

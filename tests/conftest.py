@@ -3,6 +3,7 @@ are trained once per test session for the tests that need a trained model."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -25,6 +26,46 @@ from charlm.train import Trainer
 # never from the environment of whoever runs the tests: Rich reads LINES and COLUMNS before the pty's size.
 for _var in ("LINES", "COLUMNS"):
     os.environ.pop(_var, None)
+
+# ---- the slow marker: `python -m pytest -m "not slow"` is the quick loop -------------------------------
+
+# a test that starts another process (a pseudo-terminal, a subprocess, torchrun) pays that process's start and
+# torch's import, seconds each on a busy CPU: it is marked slow, whether it starts one itself, through a helper
+# of its module, or through a fixture. Tests slow for another reason carry @pytest.mark.slow themselves.
+STARTS_A_PROCESS = re.compile(r"\bsubprocess\.|\bpexpect\.spawn\(|\bcharlm_pty\(|\bchat_pty\b|\bimported\(")
+
+
+def _starts_a_process(function, helpers: set[str]) -> bool:
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return bool(STARTS_A_PROCESS.search(source) or any(re.search(rf"\b{h}\(", source) for h in helpers))
+
+
+def pytest_collection_modifyitems(config, items):
+    helpers: dict[object, set[str]] = {}  # each module's functions that start a process
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or getattr(item, "function", None) is None:
+            continue
+        if module not in helpers:
+            found = {
+                name
+                for name, f in vars(module).items()
+                if inspect.isfunction(f) and not name.startswith("test_") and _starts_a_process(f, set())
+            }
+            # one more level: helpers built on those (a test's say() on its spawn())
+            found |= {
+                name
+                for name, f in vars(module).items()
+                if inspect.isfunction(f) and not name.startswith("test_") and _starts_a_process(f, found)
+            }
+            helpers[module] = found
+        fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        if any(_starts_a_process(f, helpers[module]) for f in [item.function, *fixtures]):
+            item.add_marker(pytest.mark.slow)
+
 
 # ---- a small corpus and the flags of a tiny training run, for the CLI, signal and disk tests -------
 
@@ -87,21 +128,34 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
 
 
+def charlm_pty(tmp_path: Path, *args, size=(100, 40), env: dict | None = None, timeout=60, **kw) -> pexpect.spawn:
+    """`charlm ARGS...` in a real pseudo-terminal of size (columns, lines): the one set-up of every terminal
+    test. Its caches live under tmp_path (CHARLM_CACHE; XDG_CACHE_HOME, where the chat history goes without
+    it), TERM is xterm-256color, torch runs one thread; env adds variables, or with None removes one. kw goes
+    to pexpect.spawn (codec_errors=...)."""
+    full = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    full |= {"TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    for name, value in (env or {}).items():
+        full.pop(name, None) if value is None else full.__setitem__(name, value)
+    cols, lines = size
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "charlm", *map(str, args)],
+        env=full,
+        dimensions=(lines, cols),
+        encoding="utf-8",
+        timeout=timeout,
+        **kw,
+    )
+
+
 @pytest.fixture
 def chat_pty(tmp_path):
     """Start `charlm chat RUN ARGS...` in a real pseudo-terminal (100 × 40); closed after the test."""
     children = []
 
     def spawn(run: Path, *args: str) -> pexpect.spawn:
-        env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-        child = pexpect.spawn(
-            sys.executable,
-            ["-m", "charlm", "chat", str(run), *args],
-            env=env,
-            dimensions=(40, 100),
-            encoding="utf-8",
-            timeout=60,
-        )
+        child = charlm_pty(tmp_path, "chat", run, *args)
         children.append(child)
         return child
 

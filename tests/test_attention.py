@@ -509,3 +509,20 @@ def test_cli_attn_reads_the_prompt_from_a_file_or_stdin(view_runs, tmp_path):
     assert direct.stdout == from_file.stdout == piped.stdout
     empty = CliRunner().invoke(main, ["attn", str(view_runs["tf"])], input="")
     assert empty.exit_code != 0 and "no text to look at: give --prompt TEXT or --prompt-file FILE" in empty.stderr
+
+
+def test_a_map_at_80_columns_shows_as_many_keys_as_fit_in_cells_two_wide(peaky, tok):
+    """Issue 37: at 80×24 the map showed 16 tokens in 4-wide cells (the height's rows set the columns too),
+    where 34 fit in cells two wide. Now the columns hold the keys that fit, the rows the last queries."""
+    ids = tok.encode(TEXT)  # 89 tokens
+    lines = render_screen(peaky, tok, ids, ["0", "1"], width=80, height=24).splitlines()
+    assert len(lines) <= 23 and max(cell_len(line) for line in lines) <= 80
+    title = next(line for line in lines if line.startswith("layer 0, head 1"))
+    start, stop = map(int, re.search(r"tokens (\d+)\.\.(\d+) of", title).groups())
+    keys = stop - start + 1
+    assert keys == (80 - (2 + 1 + 1 + 1) - NOTE) // 2 == 35  # "<pos> <token> ", the note: 35 keys fit
+    rows = [line for line in lines if ROW.match(line)]
+    assert 8 <= len(rows) < keys and int(ROW.match(rows[-1]).group(1)) == len(ids) - 1  # the last queries
+    # the last query sees every key: its cells, two wide each, fill the width between label and note
+    last = rows[-1]
+    assert cell_len(last) == 2 + 1 + 1 + 1 + 2 * keys + NOTE

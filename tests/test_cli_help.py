@@ -9,12 +9,11 @@ import os
 import re
 import shlex
 import shutil
-import sys
 
 import click
-import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import charlm_pty
 
 from charlm.checkpoint import LAST
 from charlm.cli import main
@@ -125,19 +124,39 @@ def test_missing_checkpoint_shows_usage_and_lists_the_runs(gen_runs, tmp_path, m
 def test_sample_stats_on_a_terminal_starts_on_its_own_line(gen_runs, tmp_path):
     """Regression: the text's last newline sat in the stream buffer while the stats went to stderr,
     so a terminal showed `…To fi{"tokens": …`."""
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     for _ in range(3):  # the buffer's flush depends on timing: try it more than once
-        child = pexpect.spawn(
-            sys.executable,
-            ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", "ROMEO:", "-n", "40", "--seed", "1", "--stats"],
-            env=env,
-            dimensions=(40, 100),
-            encoding="utf-8",
-            timeout=60,
-        )
+        child = charlm_pty(tmp_path, "sample", gen_runs["tf"], "-p", "ROMEO:", "-n", "40", "--seed", "1", "--stats")
         out = child.read()
         child.close()
         assert child.exitstatus == 0, out
         stats = re.search(r"(^|\r\n)(\{\"tokens\".*\})\r\n", out)
         assert stats, repr(out)
         assert json.loads(stats.group(2))["tokens"] == 40
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_every_help_fits_its_terminal_and_examples_fold_between_words(width):
+    """Issue 37: examples were written verbatim, so at 80 columns the terminal broke a long command line
+    mid-token. Each now folds at its own spaces with the shell's " \\" and a copy of the lines runs the same
+    command."""
+    from charlm.flags import examples
+
+    for name in COMMANDS:
+        r = CliRunner().invoke(main, [name, "--help"], prog_name="charlm", terminal_width=width)
+        assert r.exit_code == 0
+        assert max(len(line) for line in r.stdout.splitlines()) <= width, (name, width)
+        shown = r.stdout.split("Examples:\n", 1)[1]
+        joined = re.sub(r" \\\n\s+", " ", shown)  # what the shell reads
+        for _, line in examples(name):
+            assert f"  {line}\n" in joined, (name, line)
+
+
+def test_chat_help_lists_the_words_of_the_repl():
+    """Issue 37: `charlm help chat` did not list the REPL's / words."""
+    from charlm.commands.words import CHAT_COMMANDS
+
+    for args in (["help", "chat"], ["chat", "--help"]):
+        out = charlm(*args).stdout
+        inside = out.split("Inside the chat", 1)[1].split("Examples:")[0]
+        for word in [*CHAT_COMMANDS, "/attn", "/set", "Ctrl-C"]:
+            assert re.search(rf"^  {re.escape(word)}\s", inside, re.M), word

@@ -3,14 +3,12 @@ then a table; --interactive through a real pty."""
 
 import io
 import json
-import os
 import re
-import sys
 
 import pexpect
 import pytest
 from click.testing import CliRunner
-from conftest import cli, strip_ansi
+from conftest import charlm_pty, cli, strip_ansi
 from rich.console import Console
 
 from charlm import checkpoint
@@ -260,7 +258,7 @@ def test_user_errors_are_one_line_and_name_the_checkpoint(cmp_runs, tmp_path):
         (("compare", cmp_runs["lstm"], tmp_path / "missing"), ["no such checkpoint", "missing"]),
         (("compare", cmp_runs["lstm"], broken), ["broken.pt", "charlm checkpoint"]),
         (("compare", cmp_runs["lstm"]), ["at least two"]),
-        (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--top-p", "2"), ["top_p"]),
+        (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--top-p", "2"), ["--top-p"]),
         (("compare", cmp_runs["lstm"], cmp_runs["tf"], "--eval", tmp_path / "nope.txt"), ["no such file", "nope.txt"]),
     ]
     for args, words in cases:
@@ -284,14 +282,8 @@ def test_interactive_reads_prompts_from_a_pipe_until_eof(cmp_runs):
 
 
 def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["bpe"]), "-i", "-n", "8", "--seed", "5"],
-        env=env,
-        dimensions=(40, 120),
-        encoding="utf-8",
-        timeout=60,
+    child = charlm_pty(
+        tmp_path, "compare", cmp_runs["lstm"], cmp_runs["bpe"], "-i", "-n", "8", "--seed", "5", size=(120, 40)
     )
     try:
         child.expect(">>> ")
@@ -306,14 +298,7 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
         child.close()
     assert child.exitstatus == 0
     # Ctrl-C stops a long generation and returns to the prompt; Ctrl-C at an empty prompt says how to leave
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i", "-n", "1000000"],
-        env=env,
-        dimensions=(40, 120),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "compare", cmp_runs["lstm"], cmp_runs["tf"], "-i", "-n", "1000000", size=(120, 40))
     try:
         child.expect(">>> ")
         child.sendline("the")
@@ -330,14 +315,7 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
         child.close()
     assert child.exitstatus == 0
     # and Ctrl-D leaves too
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i"],
-        env=env,
-        dimensions=(40, 120),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "compare", cmp_runs["lstm"], cmp_runs["tf"], "-i", size=(120, 40))
     try:
         child.expect(">>> ")
         child.sendeof()
@@ -348,15 +326,7 @@ def test_interactive_in_a_real_terminal(cmp_runs, tmp_path):
 
 
 def compare_pty(cmp_runs, tmp_path, *args) -> pexpect.spawn:
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compare", str(cmp_runs["lstm"]), str(cmp_runs["tf"]), "-i", *args],
-        env=env,
-        dimensions=(40, 120),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "compare", cmp_runs["lstm"], cmp_runs["tf"], "-i", *args, size=(120, 40))
     child.expect_exact(">>> ")
     return child
 

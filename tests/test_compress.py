@@ -373,7 +373,9 @@ def test_a_signal_while_writing_leaves_nothing_and_a_retry_works(view_runs, tmp_
     assert not to.exists() or list(to.rglob("*")) == [], list(to.rglob("*"))
     r = cli("compress", view_runs["tf"], "--to", to, "--bits", "4", "--text", text, "--tokens", "8192")
     assert r.exit_code == 0, r.output
-    assert checkpoint.read_header(to).best_val_bpc is not None and sorted(p.name for p in to.iterdir()) == ["best.safetensors"]
+    assert checkpoint.read_header(to).best_val_bpc is not None and sorted(p.name for p in to.iterdir()) == [
+        "best.safetensors"
+    ]
 
 
 def test_a_full_disk_leaves_nothing_behind(view_runs, tmp_path):

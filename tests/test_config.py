@@ -13,9 +13,20 @@ from conftest import TINY
 from charlm.cli import main
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.errors import ConfigError
-from charlm.options import LabConfig, PlotConfig, PromptOptions, SampleOptions
+from charlm.options import (
+    AttnConfig,
+    ChatOptions,
+    CompressOptions,
+    EvalOptions,
+    GatesConfig,
+    LabConfig,
+    LookOptions,
+    PlotConfig,
+    PromptOptions,
+    SampleOptions,
+)
 from charlm.presets import PRESET_TABLE
-from charlm.settings import flag_name
+from charlm.settings import Range, flag_name
 
 # fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
 INTERNAL = {
@@ -188,3 +199,66 @@ def test_command_settings_come_from_their_config(command, cls):
 def test_a_command_setting_is_checked_by_its_config(args, message):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1 and result.output.strip() == f"error: {message}"
+
+
+# ---- each field checked against its own declaration (issue 36): types, choices, ranges -------------------
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        # a string where a number belongs: a ConfigError naming the field, not a TypeError from a comparison
+        (lambda: AttnConfig(top="3"), "--top must be a whole number, got '3'"),
+        (lambda: GatesConfig(units="abc"), "--units must be a count or a list"),
+        (lambda: GatesConfig(units=[1, "x"]), "--units must be a count or a list"),
+        (lambda: ChatOptions(mode="sideways"), "unknown --mode 'sideways': choose one of fresh, continue"),
+        (lambda: ChatOptions(device="tpu"), "unknown --device 'tpu'"),
+        (lambda: EvalOptions(unknown="ignore"), "unknown --unknown 'ignore'"),
+        (lambda: PlotConfig(y="acc"), "unknown --y 'acc': choose one of bpc, loss"),
+        (lambda: AttnConfig(scale="log"), "unknown --scale 'log'"),
+        (lambda: AttnConfig(top=0), "--top must be at least 1, got 0"),
+        (lambda: LookOptions(width=5), "--width must be at least 20, got 5"),
+        (lambda: CompressOptions(report=True, tokens=10), "--tokens must be at least 64, got 10"),
+        (lambda: SampleConfig(top_p=0.0), r"--top-p must be in \(0, 1\], got 0.0"),
+        (lambda: SampleConfig(temperature=float("nan")), "--temperature must be between 0 and 100, got nan"),
+        (lambda: TrainConfig(steps=0), r"--steps must be between 1 and 10\^12, got 0"),
+        (lambda: TrainConfig(seed=2**63), r"--seed must be between 0 and 2\^63 - 1"),
+        (lambda: TrainConfig(max_time=-1.0), "--max-time must be positive"),
+        (lambda: dataclasses.replace(SampleConfig(), max_tokens=-1), "--max-tokens must be at least 0, got -1"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_config_made_in_python_is_checked_against_its_fields(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_choices_and_ranges_are_written_once_on_the_field():
+    """Each choice and range is declared on its field (settings.flag) and nowhere else: no validate() method
+    repeats a field's choices or bounds by hand."""
+    import inspect
+
+    from charlm import config, options
+
+    for module in (config, options):
+        source = inspect.getsource(module)
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and "validate" in vars(cls)):
+                continue
+            body = inspect.getsource(vars(cls)["validate"])
+            for f in dataclasses.fields(cls):
+                m = f.metadata
+                if m.get("choices"):
+                    assert f"self.{f.name} in" not in body, (cls.__name__, f.name)
+                if m.get("range") is not None and m["range"].low is not None:
+                    assert f"self.{f.name} >= {m['range'].low}" not in body, (cls.__name__, f.name)
+                    assert f"<= self.{f.name} <=" not in body, (cls.__name__, f.name)
+        assert "check_types(self)" not in source  # Validated checks every field's type itself
+
+
+def test_a_field_range_reads_as_it_is_written():
+    assert str(Range(1, 64)) == "between 1 and 64"
+    assert str(Range(0)) == "at least 0" and str(Range(0, low_open=True)) == "positive"
+    assert str(Range(0, 1, high_open=True)) == "in [0, 1)" and str(Range(1, 10**12)) == "between 1 and 10^12"
+    assert 1 in Range(1, 64) and 64 in Range(1, 64) and 0 not in Range(1, 64) and float("nan") not in Range(0)
+    assert 1 not in Range(0, 1, high_open=True) and 0 not in Range(0, low_open=True)

@@ -31,7 +31,7 @@ from charlm.models.inspect import nats
 from charlm.models.probes import capture_attention, trace_rnn, zero_units
 from charlm.options import GatesConfig
 from charlm.tokenizer import CharTokenizer
-from tests.conftest import VIEW_TEXT, cli, one_line_error
+from tests.conftest import VIEW_TEXT, charlm_pty, cli, one_line_error
 
 textual = pytest.importorskip("textual")
 from textual.widgets import Input  # noqa: E402
@@ -430,7 +430,10 @@ def test_zeroing_a_unit_matches_lab_ablate_s_intervention(loaded, kind, keys):
         ids = torch.tensor([app.scene.ids])
         x = ck.model.tok_emb(ids[:, :-1])
         base = nats(ck.model.head(trace_rnn(ck.model.rnn, x)[-1].h), ids)  # stepped in Python, from the equations
-        hurt = nats(ck.model.head(trace_rnn(ck.model.rnn, x, intervene=zero_units(app.view.layer_no, [app.view.unit]))[-1].h), ids)
+        hurt = nats(
+            ck.model.head(trace_rnn(ck.model.rnn, x, intervene=zero_units(app.view.layer_no, [app.view.unit]))[-1].h),
+            ids,
+        )
         chars = len(ck.tokenizer.decode(app.scene.ids[1:]))
         tokens = len(app.scene.ids) - 1
         assert app.knocked.change == pytest.approx((hurt - base) * tokens / chars / math.log(2), abs=1e-5)
@@ -537,15 +540,7 @@ def test_the_app_runs_in_a_real_terminal_and_q_quits(view_runs, tmp_path, quit_k
     Textual's "Press ctrl+q to quit"), exit status 0."""
     import pexpect
 
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "explore", str(view_runs["tf"]), "ROMEO:\nBut soft"],
-        env=env,
-        dimensions=(30, 100),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "explore", view_runs["tf"], "ROMEO:\nBut soft", size=(100, 30))
     try:
         child.expect("heads: role")
         child.send("]")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from charlm.checkpoint import BEST, LAST
+from charlm.checkpoint import LAST
 from charlm.config import FAMILIES, ModelConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "charlm"

@@ -333,7 +333,7 @@ VALUES = [
         (dict(model_config={"d_model": 4.0}), "--d-model must be a whole number, got 4.0"),  # passed info, broke sample
         (dict(train_config={"seed": 1.5}), "--seed must be a whole number, got 1.5"),  # passed; a resume broke
         (dict(train_config={"lr": "x"}), "--lr must be a number, got 'x'"),  # was "TypeError: '<' not supported"
-        (dict(model_config={"kind": "x\ny"}), "unknown model 'x\\ny'"),  # the message was two lines
+        (dict(model_config={"kind": "x\ny"}), "unknown --model 'x\\ny'"),  # the message was two lines
         (dict(run_name="x\ud800y"), "it holds text that is not valid Unicode"),  # info: UnicodeEncodeError
 ]  # fmt: skip
 

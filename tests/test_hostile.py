@@ -14,7 +14,7 @@ import pexpect
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY, cli, legacy_payload
+from conftest import TINY, charlm_pty, cli, legacy_payload
 
 from charlm import checkpoint
 from charlm.checkpoint import BEST, LAST
@@ -188,22 +188,8 @@ HOSTILE = "[blink]x\x1b[2J\x07"  # Rich markup (a file name cannot hold "[/blink
 def pty_run(args: list, tmp_path: Path, intr_after: str | None = None) -> str:
     """Run `charlm ARGS` in a real 200 × 40 pseudo-terminal; what the terminal received, raw. intr_after:
     press Ctrl-C once this pattern has appeared."""
-    env = {
-        **os.environ,
-        "TERM": "xterm-256color",
-        "OMP_NUM_THREADS": "1",
-        "CHARLM_CACHE": str(tmp_path / "cache"),
-        "PYTHONIOENCODING": "utf-8",
-    }
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", *map(str, args)],
-        env=env,
-        dimensions=(40, 200),  # wide: long temporary paths stay on one line
-        encoding="utf-8",
-        codec_errors="replace",
-        timeout=120,
-    )
+    # wide: long temporary paths stay on one line
+    child = charlm_pty(tmp_path, *args, size=(200, 40), timeout=120, codec_errors="replace")
     try:
         if intr_after:
             child.expect(intr_after)

@@ -258,7 +258,7 @@ BAD_MODEL = [
     (dict(context=1), "--context must be between 2 and 65536"),
     (dict(dropout=1.5), r"--dropout must be in \[0, 1\)"),
     (dict(dropout=float("nan")), r"--dropout must be in \[0, 1\)"),
-    (dict(kind="mamba"), "unknown model 'mamba'"),
+    (dict(kind="mamba"), "unknown --model 'mamba'"),
     (dict(positions="xpos"), "unknown --positions 'xpos'"),
     (dict(vocab_size=1), "vocabulary size must be between 2 and 10\\^7"),
 ]
@@ -298,7 +298,7 @@ BAD_TRAIN = [
     (dict(device="tpu"), "unknown --device 'tpu'"),
     (dict(weight_decay=-0.1), "--weight-decay must be at least 0"),
     (dict(warmup=-1), "--warmup must be between 0 and 10\\^12"),
-    (dict(val_fraction=1.0), "--val-fraction must be between 0 and 1"),
+    (dict(val_fraction=1.0), r"val fraction must be in \(0, 1\)"),
 ]
 
 

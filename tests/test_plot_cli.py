@@ -5,14 +5,11 @@ characters; --json gives the numbers; `charlm info` shows the curve too."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 
-import pexpect
 import pytest
 from click.testing import CliRunner
-from conftest import tiny_train
+from conftest import charlm_pty, tiny_train
 
 from charlm import checkpoint
 from charlm.checkpoint import BEST, LAST
@@ -112,16 +109,7 @@ def test_info_shows_the_curve(curves):
 
 @pytest.mark.parametrize("no_color", [False, True])
 def test_a_terminal_gets_colour_unless_no_color(curves, tmp_path, no_color):
-    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-    env.update(CHARLM_CACHE=str(tmp_path / "cache"), TERM="xterm-256color", **({"NO_COLOR": "1"} if no_color else {}))
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "plot", str(curves / "transformer")],
-        env=env,
-        dimensions=(40, 100),
-        encoding="utf-8",
-        timeout=60,
-    )
+    child = charlm_pty(tmp_path, "plot", curves / "transformer", env={"NO_COLOR": "1" if no_color else None})
     out = child.read()
     child.close()
     assert child.exitstatus == 0, out

@@ -8,31 +8,30 @@ import subprocess
 import sys
 
 import pexpect
-from conftest import strip_ansi
+import pytest
+from conftest import charlm_pty, strip_ansi
 
 from charlm import checkpoint
 from charlm.generate import SampleConfig, Streamer
 from charlm.settings import unescape
+from charlm.views.repl import CLEAR_MARK, CLEAR_SCREEN
 from charlm.views.text import safe_text
 
 MEMORISED = "But soft, what light through yonder window breaks?"
 VISIBLE_ESCAPES = r"[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m"
 
 
+NO_CACHE = {"CHARLM_CACHE": None}  # the history must follow XDG_CACHE_HOME
+
+
 def env(tmp_path) -> dict:
-    e = {k: v for k, v in os.environ.items() if k != "CHARLM_CACHE"}  # the history must follow XDG_CACHE_HOME
+    """The environment of a piped chat: no CHARLM_CACHE, so that the history follows XDG_CACHE_HOME."""
+    e = {k: v for k, v in os.environ.items() if k != "CHARLM_CACHE"}
     return e | {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8"}
 
 
 def spawn(run, tmp_path, *args) -> pexpect.spawn:
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "chat", str(run), *args],
-        env=env(tmp_path),
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(50, 220),
-    )
+    child = charlm_pty(tmp_path, "chat", run, *args, size=(220, 50), env=NO_CACHE)
     child.expect_exact(">>> ")
     return child
 
@@ -95,7 +94,7 @@ def test_bad_commands_and_values_get_a_one_line_hint_and_the_repl_goes_on(gen_ru
     for line, hint in (
         ("/bogus", "unknown command /bogus"),
         ("/set temperature warm", "bad value for temperature"),
-        ("/set top_p 2", "top_p must be in (0, 1]"),
+        ("/set top_p 2", "top-p must be in (0, 1]"),
         ("/set colour red", "usage: /set KEY VALUE"),
         ("/mode sideways", "/mode fresh or /mode continue"),
         ("/gates", "has no gates"),
@@ -341,14 +340,7 @@ def test_unescape():
 def test_ctrl_d_typed_while_chat_loads_leaves_once_it_has_loaded(gen_runs, tmp_path):
     """Issue 28: Ctrl-D typed while `charlm chat` was still loading was lost (the terminal's line discipline ate it,
     and a NUL reached readline), so the chat stayed open; ollama leaves. Type-ahead still waits for the prompt."""
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "chat", str(gen_runs["tf"])],
-        env=env(tmp_path),
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(24, 80),
-    )
+    child = charlm_pty(tmp_path, "chat", gen_runs["tf"], size=(80, 24), env=NO_CACHE)
     child.expect("loading")
     child.sendeof()  # before the banner
     child.expect_exact(">>> ")
@@ -394,14 +386,7 @@ def test_the_status_line_breaks_between_its_parts_on_a_real_terminal(view_runs, 
         ("lstm", 7, (80, 24), "state after 34 tokens"),
     ]
     for run, n, (cols, rows), last in cases:
-        child = pexpect.spawn(
-            sys.executable,
-            ["-m", "charlm", "chat", str(view_runs[run]), "-n", str(n), "--seed", "1"],
-            env=env(tmp_path),
-            encoding="utf-8",
-            timeout=60,
-            dimensions=(rows, cols),
-        )
+        child = charlm_pty(tmp_path, "chat", view_runs[run], "-n", n, "--seed", 1, size=(cols, rows), env=NO_CACHE)
         child.expect_exact(">>> ")
         screen = say(child, "ROMEO: But soft, what light").replace("\r", "")
         leave(child)
@@ -430,3 +415,42 @@ def test_a_viewer_the_model_cannot_show_names_the_other_only_where_it_has_it(vie
     chat.handle("/gates")
     chat.handle("/attn")
     assert screen.getvalue().splitlines() == ["this lstm has no gates", "this lstm has no attention"]
+
+
+def test_set_num_ctx_says_in_one_line_what_the_model_sees(gen_runs):
+    """Issue 37: `/set num_ctx 32` (ollama's context length) suggested num_predict. A charlm model's context
+    is fixed by its training: the hint says what this model sees, and suggests nothing else."""
+    import io
+
+    from rich.console import Console
+
+    from charlm.commands.chat import open_chat
+
+    for kind, says in (("tf", "sees the last 48 tokens"), ("lstm", "reads the whole running text")):
+        console = Console(file=io.StringIO(), width=200)
+        chat = open_chat(str(gen_runs[kind]), SampleConfig(), console=console, interactive=True)
+        for line in ("/set num_ctx 32", "/set parameter num_ctx 32"):
+            chat.handle(line)
+        out = console.file.getvalue()
+        lines = out.strip().splitlines()
+        assert len(lines) == 2 and all(line.startswith("num_ctx: ") and says in line for line in lines), out
+        assert "num_predict" not in out and chat.settings == SampleConfig()
+
+
+@pytest.mark.parametrize("term", ["xterm-256color", None])
+def test_ctrl_l_clears_the_screen_and_keeps_the_line(gen_runs, tmp_path, term):
+    """Issue 37: Ctrl-L printed a new blank prompt and cleared nothing where TERM says nothing of clearing
+    (unset or dumb: readline's clear-screen needs it). It now clears the screen, draws the prompt at its top
+    with the half-typed line, and that line is not in the history."""
+    child = charlm_pty(tmp_path, "chat", gen_runs["tf"], size=(80, 24), env={**NO_CACHE, "TERM": term})
+    child.expect_exact(">>> ")
+    child.send("/sh\x0c")
+    child.expect_exact(CLEAR_SCREEN)  # the screen cleared ...
+    child.expect_exact(">>> /sh")  # ... then the prompt at its top, with what was typed
+    child.send("ow\r")  # the line given back is the line sent
+    child.expect_exact(">>> ")
+    assert "temperature" in plain(child.before) and "unknown command" not in plain(child.before)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    history = (tmp_path / "xdg" / "charlm" / "chat_history").read_text(encoding="utf-8")
+    assert "/show" in history and CLEAR_MARK not in history

@@ -107,6 +107,18 @@ def test_runs_table_fits_60_columns_with_every_column(folder):
         assert header in out, header
 
 
+def test_runs_table_uses_120_columns_one_line_a_run(folder):
+    """Issue 37: at 120 columns the header still wrapped over three lines (val / bits/ / char) and each run
+    took two. Where the width allows, a run is one line and every header one word or two."""
+    console = Console(file=io.StringIO(), width=120)
+    render_runs(console, [runs.describe(p, folder) for p in runs.find_runs(folder)], "3 runs")
+    lines = console.file.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    header = lines[1].split()
+    assert header == ["run", "corpus", "model", "size", "params", "steps", "time", "val", "bits/char", "when"]
+    assert len(lines) == 3 + 3 and [line.split()[0] for line in lines[3:]] == ["lstm", "bpe", "tf"]
+
+
 def test_age_and_duration():
     assert [age(s) for s in (5, 61, 3 * 3600 + 5, 2 * 86400)] == ["now", "1m ago", "3h ago", "2d ago"]
     assert [duration(s) for s in (44.6, 120.2, 3900)] == ["45s", "2m00s", "1h05m"]
@@ -139,6 +151,44 @@ def test_the_live_bar_names_each_phase(tmp_path):
     assert phases[:3] == ["evaluating", "saving", "sampling"]  # one evaluation: loss, checkpoint, sample
     assert {"training", "evaluating", "saving", "sampling"} <= set(labels)
     assert labels[labels.index("evaluating") + 1 :].count("training") >= 1  # the next step says training again
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_progress_shows_from_the_first_step_before_the_first_evaluation(tmp_path, live):
+    """Issue 37: the first progress came with the first evaluation (57 s of an empty bar on a loaded machine;
+    a log printed nothing until step 50). The bar says it is at its first step, then shows step 1's loss; a
+    log has a line for step 1; both before the first evaluation."""
+    from charlm.events import Evaluated, Started, Stepped
+    from charlm.views.progress import FIRST_STEP
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    console = Console(file=io.StringIO(), force_terminal=live, width=100)
+    view = TrainView(console, log_every=50)
+    seen = []  # (event, the bar's words after it, or the log so far)
+
+    def on_event(e):
+        view(e)
+        if not live:
+            shown = console.file.getvalue()
+        else:
+            shown = None if view.train_task is None else view.progress.tasks[view.train_task].fields["info"]
+        seen.append((type(e), shown))
+
+    cfg = tiny_train(6, sample_tokens=0, eval_interval=3)
+    trainer = Trainer(
+        corpus, ModelConfig(n_layers=1, d_model=16, n_heads=2, context=16), cfg, tmp_path / "run", on_event=on_event
+    )
+    view.finish(trainer.fit())
+    kinds = [kind for kind, _ in seen]
+    first_eval = kinds.index(Evaluated)
+    assert kinds.index(Stepped) < first_eval
+    after_started, after_step_1 = seen[kinds.index(Started)][1], seen[kinds.index(Stepped)][1]
+    if live:
+        assert after_started == FIRST_STEP and after_step_1.startswith("step 1 · loss ")
+    else:
+        assert re.search(r"^step 1 · loss \d\.\d{3} · [\d,]+ tok/s · ", after_step_1, re.M), after_step_1
+        assert "eval" not in after_step_1
 
 
 def test_without_eval_interval_the_first_evaluation_comes_early(tmp_path):
@@ -266,3 +316,26 @@ def test_training_records_its_speed_in_the_cache(tmp_path, monkeypatch):
     speeds = json.loads((tmp_path / "cache" / "speeds.json").read_text())
     ((key, best),) = speeds.items()  # one set-up, both runs
     assert "threads" in key and "batch" in key and best > 0
+
+
+def test_every_run_charlm_writes_is_listed_and_opens_by_name(gen_runs, tmp_path, monkeypatch):
+    """Issue 37: a compressed run (compress --to checkpoints/NAME writes best.pt only) and lab runs (in
+    checkpoints/lab/) were missing from `charlm runs`, and `charlm sample tt-int8` said "no such checkpoint"."""
+    from charlm.lab.training import LAB_DIR
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(gen_runs["tf"], "checkpoints/tt")
+    shutil.copytree(gen_runs["lstm"], LAB_DIR / "copy-lstm-s0")  # where `charlm lab` trains its models
+    r = charlm("compress", "tt", "--to", "checkpoints/tt-int8", "--bits", "8", "--tokens", "256")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(charlm("runs", "--json").stdout)
+    assert sorted(row["run"] for row in rows) == ["lab/copy-lstm-s0", "tt", "tt-int8"]
+    assert all("error" not in row for row in rows)
+    table = charlm("runs").stdout
+    assert "3 runs in checkpoints" in table and "tt-int8" in table and "lab/copy-lstm-s0" in table
+    for name in ("tt-int8", "copy-lstm-s0", "lab/copy-lstm-s0", "lab/copy"):
+        r = charlm("sample", name, "-p", "ROMEO:", "-n", "10", "--seed", "1")
+        assert r.exit_code == 0 and r.stdout.strip(), (name, r.output)
+    assert "int8" in charlm("info", "tt-int8").stdout
+    r = charlm("sample", "t", "-n", "5")  # two runs start with it: say which
+    assert r.exit_code != 0 and "could be 2 runs" in r.stderr and "tt-int8" in r.stderr

@@ -10,6 +10,7 @@ import sys
 import pexpect
 import pytest
 from click.testing import CliRunner
+from conftest import charlm_pty
 
 from charlm import checkpoint
 from charlm.cli import main
@@ -99,10 +100,10 @@ def test_unknown_characters(gen_runs):
     "args,message",
     [
         (["-t", "-1"], "temperature"),
-        (["--top-p", "0"], "top_p"),
-        (["--top-k", "-2"], "top_k"),
-        (["--repetition-penalty", "0"], "repetition_penalty"),
-        (["-n", "-5"], "max_tokens"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-k", "-2"], "--top-k"),
+        (["--repetition-penalty", "0"], "--repetition-penalty"),
+        (["-n", "-5"], "--max-tokens"),
         (["--num-samples", "0"], "--num-samples"),
         (["--stop", ""], "stop"),
         (["-p", "x", "--prompt-file", "f.txt"], "not both"),
@@ -146,14 +147,7 @@ def test_a_reader_that_stops_early_is_no_error(gen_runs, tmp_path):
 
 
 def test_a_terminal_sees_escapes_as_harmless_text(gen_runs, tmp_path):
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "sample", str(gen_runs["tf"]), "-p", BEFORE_ESCAPES, "-n", "60", "-t", "0"],
-        env=_env(tmp_path) | {"TERM": "xterm-256color"},
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(40, 200),
-    )
+    child = charlm_pty(tmp_path, "sample", gen_runs["tf"], "-p", BEFORE_ESCAPES, "-n", "60", "-t", "0", size=(200, 40))
     child.expect(pexpect.EOF)
     child.close()
     screen = child.before

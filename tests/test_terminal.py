@@ -5,13 +5,12 @@ of the issue (it failed on the code before the fix)."""
 from __future__ import annotations
 
 import io
-import os
 import re
 import sys
 
 import pexpect
 import pytest
-from conftest import TINY, cli, one_line_error, strip_ansi
+from conftest import TINY, charlm_pty, cli, one_line_error, strip_ansi
 from rich.console import Console
 
 from charlm.options import AttnConfig
@@ -22,17 +21,7 @@ SIZES = [(60, 20), (80, 24), (120, 40), (200, 50)]
 
 def pty(tmp_path, *args, size=(80, 24)) -> pexpect.spawn:
     """`charlm ARGS` in a real terminal of size (columns, lines)."""
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    env |= {"TERM": "xterm-256color", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
-    cols, lines = size
-    return pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", *map(str, args)],
-        env=env,
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(lines, cols),
-    )
+    return charlm_pty(tmp_path, *args, size=size)
 
 
 # ---- feedback: something on the screen at once ---------------------------------------------------

@@ -17,9 +17,9 @@ from rich.console import Console
 from charlm import checkpoint, files
 from charlm.checkpoint import Checkpoint
 from charlm.commands import look
-from charlm.commands.repl import QUIT, SETTINGS, SHARED_COMMANDS, Hint, Session, did_you_mean, show_value
+from charlm.commands.repl import SETTINGS, Hint, Session, did_you_mean, show_value
 from charlm.commands.runs import model_path
-from charlm.commands.words import parse_words, words_help
+from charlm.commands.words import CHAT_COMMANDS, CHAT_HELP_ROWS, parse_words, words_help
 from charlm.config import SampleConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import Streamer
@@ -30,17 +30,6 @@ from charlm.tokenizer import UnknownCharactersError
 from charlm.views.repl import LEAVE_HINT, PROMPT
 from charlm.views.text import safe_text
 
-COMMANDS = {  # chat's, in the order /help lists them
-    **SHARED_COMMANDS,
-    "/show": "the settings and the model",
-    "/clear": "forget the running text (also /reset)",
-    "/load": "/load CKPT: switch to another checkpoint (a file or a run directory), keeping the settings",
-    "/mode": "/mode fresh|continue: each prompt starts anew, or continues the running text",
-    "/attn": "/attn [args]: the attention over the running text (transformer; /attn help)",
-    "/gates": "/gates [args]: the gates over the running text (LSTM/GRU; /gates help)",
-    "/save": "/save FILE: write the transcript to FILE",
-    **QUIT,
-}
 MODES = ("fresh", "continue")
 VIEWERS = {"attn": AttnConfig, "gates": GatesConfig}
 SHOWS = {"attn": "attention", "gates": "gates"}  # the model capability each viewer needs
@@ -49,14 +38,10 @@ SHOWS = {"attn": "attention", "gates": "gates"}  # the model capability each vie
 class Chat(Session):
     """`charlm chat`: one model, its running text, and the viewers on it."""
 
-    COMMANDS = COMMANDS
+    COMMANDS = CHAT_COMMANDS
     OTHER_NAMES = ("/reset",)
     COMPLETIONS = {**Session.COMPLETIONS, "/mode": list(MODES)}
-    HELP_ROWS = [
-        Session.HELP_ROWS[0],
-        ("Enter", "on an empty line in continue mode: go on with the text"),
-        *Session.HELP_ROWS[1:],
-    ]
+    HELP_ROWS = CHAT_HELP_ROWS
 
     def __init__(
         self,
@@ -150,6 +135,12 @@ class Chat(Session):
             self.save(rest)
         else:
             super().own_command(name, rest)
+
+    def context_hint(self, key: str) -> str:
+        n = self.gen.context
+        if self.gen.sliding:  # a transformer: its positions end where its training windows did
+            return f"{key}: this model sees the last {n} tokens, the context it was trained with: it cannot see more"
+        return f"{key}: this model reads the whole running text through its state (it was trained on {n}-token windows)"
 
     def goes_on(self) -> bool:
         return self.mode == "continue" and bool(self.gen.ids)

@@ -41,6 +41,8 @@ SHARED_COMMANDS = {
     "/help": "this list (also /?)",
     "/set": f"/set KEY VALUE: {', '.join(SETTINGS)}",
 }
+# ollama's and others' names for a context length: a charlm model's is fixed when it is trained (context_hint)
+CONTEXT_WORDS = ("num_ctx", "n_ctx", "ctx", "context", "context_length", "num_context")
 QUIT = {"/bye": "leave (also /quit, /exit, Ctrl-D)"}
 QUIT_WORDS = ("/bye", "/quit", "/exit", "/q")
 
@@ -60,6 +62,7 @@ class Session:
         ('"""', 'a multi-line prompt, up to the next """'),
         ("paste", "several lines pasted are one prompt: Enter sends it"),
         ("Ctrl-C", "stop a generation, or clear the line (it never leaves)"),
+        ("Ctrl-L", "clear the screen (the line typed stays)"),
     ]
 
     def __init__(self, settings: SampleConfig, console: Console | None, interactive: bool | None):
@@ -135,6 +138,10 @@ class Session:
             f"unknown command {name}{did_you_mean(name, known)}: /help lists them (text starting with /: a space first)"
         )
 
+    def context_hint(self, key: str) -> str:
+        """Why /set num_ctx cannot change what the model sees (a subclass names its model's context)."""
+        return f"{key}: a charlm model's context is fixed when it is trained (charlm train --context N)"
+
     def goes_on(self) -> bool:
         """Whether Enter on an empty line generates (chat's continue mode)."""
         return False
@@ -145,6 +152,8 @@ class Session:
         m = re.match(r"([A-Za-z_-]+)\s*(?:=|\s|$)(.*)", rest)
         key, value = (m.group(1).lower().replace("-", "_"), unquote(m.group(2).strip())) if m else ("", "")
         key = ALIASES.get(key, key)
+        if key in CONTEXT_WORDS:
+            raise Hint(self.context_hint(key))
         if key not in SETTINGS:
             usage = f"/set KEY VALUE, with KEY one of {', '.join(SETTINGS)}"
             if not key:

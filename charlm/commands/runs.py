@@ -36,7 +36,7 @@ def list_runs(directory: Path | None = None) -> tuple[Path, list[dict]]:
                 f"no {runs.RUNS}/ folder here yet: train a model with charlm train FILE, or give a DIRECTORY"
             )
         raise ConfigError(f"no directory {directory}: give a folder that holds run directories")
-    return root, [runs.describe(run) for run in runs.find_runs(root)]
+    return root, [runs.describe(run, root) for run in runs.find_runs(root)]
 
 
 def curves(paths: list[str], missing_ok: bool = False, notes: list[str] | None = None) -> dict[str, list[dict]]:
@@ -69,16 +69,23 @@ def curves(paths: list[str], missing_ok: bool = False, notes: list[str] | None =
 
 
 def model_path(name: str) -> str:
-    """A checkpoint as the user named it: a path that exists, or the name of a run in checkpoints/ as
-    `charlm runs` prints it (or the only run whose name starts with it). A path that does not exist and names
-    no run is returned as it is, for the loader to say so; several runs it could be are a one-line error."""
-    if Path(name).expanduser().exists() or "/" in name or not name or not runs.RUNS.is_dir():
+    """A checkpoint as the user named it: a path that exists, or a run in checkpoints/ as `charlm runs` prints
+    it ("tt-int4", "lab/copy-transformer-s0"), or by its folder's own name ("copy-transformer-s0"), or the only
+    run whose name starts with it. A path that does not exist and names no run is returned as it is, for the
+    loader to say so; several runs it could be are a one-line error."""
+    if Path(name).expanduser().exists() or not name or not runs.RUNS.is_dir():
         return name
-    found = runs.find_runs(runs.RUNS)
-    picked = [r for r in found if r.name == name] or [r for r in found if r.name.startswith(name)]
+    found = {runs.run_name(r): r for r in runs.find_runs(runs.RUNS)}
+    picked = (
+        [n for n in found if n == name]
+        or [n for n in found if found[n].name == name]
+        or [n for n in found if n.startswith(name) or found[n].name.startswith(name)]
+    )
     if len(picked) > 1:
-        names = ", ".join(sorted(r.name for r in picked))
+        names = ", ".join(sorted(picked))
         raise CheckpointError(f"'{name}' could be {len(picked)} runs in {runs.RUNS}/: {names}; give one whole name")
     if picked:
-        return str(picked[0])
+        return str(found[picked[0]])
+    if "/" in name:  # a path after all: the loader names what is missing
+        return name
     raise CheckpointError(f"no such checkpoint or run: {name} (charlm runs lists the runs in {runs.RUNS}/)")

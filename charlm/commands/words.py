@@ -1,14 +1,32 @@
-"""The words after chat's /attn and /gates, read off the fields of options.AttnConfig and GatesConfig (the
-same fields give `charlm attn` and `charlm gates` their flags): a new field there is a new word here, with
-its help. parse_words turns the words into the config; words_help lists them (/attn help)."""
+"""Chat's words: its / commands (CHAT_COMMANDS, listed by chat's /help and by `charlm help chat`, so kept free
+of torch), and the words after /attn and /gates, read off the fields of options.AttnConfig and GatesConfig
+(the same fields give `charlm attn` and `charlm gates` their flags): a new field there is a new word here,
+with its help. parse_words turns the words into the config; words_help lists them (/attn help)."""
 
 from __future__ import annotations
 
 import re
 
-from charlm.commands.repl import did_you_mean
+from charlm.commands.repl import QUIT, SHARED_COMMANDS, Session, did_you_mean
 from charlm.errors import ConfigError
 from charlm.settings import flag_fields, from_text
+
+CHAT_COMMANDS = {  # chat's, in the order /help lists them
+    **SHARED_COMMANDS,
+    "/show": "the settings and the model",
+    "/clear": "forget the running text (also /reset)",
+    "/load": "/load CKPT: switch to another checkpoint (a file or a run directory), keeping the settings",
+    "/mode": "/mode fresh|continue: each prompt starts anew, or continues the running text",
+    "/attn": "/attn [args]: the attention over the running text (transformer; /attn help)",
+    "/gates": "/gates [args]: the gates over the running text (LSTM/GRU; /gates help)",
+    "/save": "/save FILE: write the transcript to FILE",
+    **QUIT,
+}
+CHAT_HELP_ROWS = [  # the keys and forms of input beside the commands
+    Session.HELP_ROWS[0],
+    ("Enter", "on an empty line in continue mode: go on with the text"),
+    *Session.HELP_ROWS[1:],
+]
 
 
 def parse_words(cls, words: list[str], command: str):

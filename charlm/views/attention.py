@@ -95,18 +95,25 @@ def _map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen, labe
     start, stop, cell = fit_map(
         screen.width, row_w, note_w, offset, len(ids), opts.tokens, opts.end, rows, max_cell=MAX_CELL
     )
-    n = stop - start
-    a, b = start - offset, stop - offset
-    values = w[a:b, a:b]
-    drawn = np.tril(np.ones((n, n), dtype=bool))  # query i sees keys 0..i: the rest is never drawn
+    first = start  # the first query row: on a terminal its height limits the rows, never the columns
+    if rows is not None and opts.tokens is None:
+        # columns: as many keys as fit in cells two wide (wider for a short text); rows: the last queries the
+        # height holds, each looking at keys that reach back past the first row
+        start, stop = window(offset, len(ids), max(2, (screen.width - row_w - note_w) // 2), None, opts.end)
+        cell = max(1, min(MAX_CELL, (screen.width - row_w - note_w) // (stop - start)))
+        first = max(start, stop - max(2, rows))
+    a, b, q = start - offset, stop - offset, first - offset
+    values = w[q:b, a:b]
+    # query first + i sees keys start .. first + i: the rest is never drawn
+    drawn = np.arange(start, stop)[None, :] <= np.arange(first, stop)[:, None]
     # each row's scale is its largest weight over every key it saw, also those left of the window, so a
     # row that mostly looks off-screen stays faint: its note says so with an arrow
-    row_max = w[a:b, :b].max(axis=1)
-    off_screen = w[a:b, :b].argmax(axis=1) < a
+    row_max = w[q:b, :b].max(axis=1)
+    off_screen = w[q:b, :b].argmax(axis=1) < a
     vmax = row_max if opts.scale == "row" else 1.0
     row_labels = [
         pad(str(p), digits, right=True) + " " + pad(clip_label(labels[p - offset], label_w, ascii), label_w)
-        for p in range(start, stop)
+        for p in range(first, stop)
     ]
     left = "<" if ascii else "←"
     notes = [f"{left if off else ' '}{m:.2f}" for m, off in zip(row_max, off_screen)]
@@ -118,7 +125,8 @@ def _map_lines(tokenizer, att: Attention, opts: AttnConfig, screen: Screen, labe
     ]
     if off_screen.any():
         lines.append(Text(f"{left}: the row's largest weight is on a token left of the window", style="dim"))
-    lines.append(Text(_title(att), style="bold") + Text(f" · tokens {start}..{stop - 1} of {len(ids)}", style="dim"))
+    shown = f" · tokens {start}..{stop - 1} of {len(ids)}" + (f" (rows from {first})" if first > start else "")
+    lines.append(Text(_title(att), style="bold") + Text(shown, style="dim"))
     lines += heatmap_lines(
         values,
         row_labels,

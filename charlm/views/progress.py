@@ -1,4 +1,7 @@
-"""Renders training events: a live Rich progress bar on a terminal, plain log lines otherwise."""
+"""Renders training events: a live Rich progress bar on a terminal, plain log lines otherwise. Either shows
+the run from its first step: the bar says it is at its first step until one is done, and a log has a line for
+step 1, then every log_every steps or LOG_SECONDS, whichever comes first (a loaded machine may take a minute
+for 50 steps, and the first evaluation comes sooner)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from charlm.checkpoint import BEST, LAST
 from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import command_lines, duration, safe, safe_text, shell_quote
 
+LOG_SECONDS = 10.0  # at most this long between two log lines of steps (a pipe or a file)
+FIRST_STEP = "first step…"  # the bar's words until a step is done (the first one also warms up torch)
+
 
 class TrainView:
     """Call it with each training event."""
@@ -31,6 +37,8 @@ class TrainView:
         self.tps = 0.0  # smoothed tokens/s
         self.last_val = ""
         self.last_step: tuple[int, float] | None = None  # (step, loss) of the latest step
+        self.t_logged: float | None = None  # when the log's latest line of a step was written
+        self.unsaid: Text | None = None  # a stop's acknowledgment that could not be written when the signal came
         self.loads: list[float] = []  # the machine's load average at each step: was it busy?
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
@@ -38,6 +46,7 @@ class TrainView:
         self.t_started: float | None = None
 
     def __call__(self, event) -> None:
+        self._say_unsaid()
         if isinstance(event, Encoding):
             self._encoding(event)
         elif isinstance(event, Started):
@@ -69,7 +78,15 @@ class TrainView:
         line = f"{name}stopping: saving after this batch… Ctrl-C again to quit without saving"
         if self.live and self.train_task is not None:
             self.progress.update(self.train_task, description="stopping")
-        self._print(Text(line, style="yellow"))
+        try:
+            self._print(Text(line, style="yellow"))
+        except RuntimeError:  # the signal came while this process wrote to the same stream ("reentrant call")
+            self.unsaid = Text(line, style="yellow")  # said with the next event, or with the interruption
+
+    def _say_unsaid(self) -> None:
+        if self.unsaid is not None:
+            line, self.unsaid = self.unsaid, None
+            self._print(line)
 
     def _phase(self, e: Phase) -> None:
         """Name the work between steps on the bar, which would otherwise sit still without a word."""
@@ -130,7 +147,7 @@ class TrainView:
                 "training",
                 total=t.max_time if t.max_time else t.steps,
                 completed=0 if t.max_time else e.start_step,
-                info="",
+                info=FIRST_STEP,
             )
 
     def _info(self, width: int | None = None) -> str:
@@ -163,7 +180,10 @@ class TrainView:
             if t.max_time:  # whichever budget runs out first drives the bar
                 done = max(done, t.max_time * e.step / t.steps)
             self.progress.update(self.train_task, completed=done, info=info, description="training")
-        elif e.step % self.log_every == 0:
+        elif (
+            self.t_logged is None or e.step % self.log_every == 0 or time.perf_counter() - self.t_logged >= LOG_SECONDS
+        ):
+            self.t_logged = time.perf_counter()
             self._print(f"{info} · {duration(e.elapsed)}", highlight=False)
 
     def _evaluated(self, e: Evaluated) -> None:
@@ -184,6 +204,7 @@ class TrainView:
         """A signal stopped the run: where it got to, what its last checkpoint holds, and the command that continues it."""
         try:
             self.close()
+            self._say_unsaid()
             name = "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
             at = f" at step {e.result.step}" if e.result else " before training started"
             if e.out_dir is None or e.saved_step is None:

@@ -3,8 +3,8 @@ charlm.commands.repl (the shared REPL) and commands.chat / commands.compare.
 
 On a terminal: readline's line editing and history (the history file lives in the charlm cache directory),
 tab completion of /commands and their first word, a multi-line paste as one prompt (readline's bracketed
-paste), multi-line input between \"\"\" marks, Ctrl-C drops a half-typed line (it never leaves), Ctrl-D
-leaves. With stdin not a terminal, every input line is a prompt (\"\"\" blocks joined): scriptable.
+paste), multi-line input between \"\"\" marks, Ctrl-C drops a half-typed line (it never leaves), Ctrl-L
+clears the screen and keeps the line, Ctrl-D leaves. With stdin not a terminal, every input line is a prompt (\"\"\" blocks joined): scriptable.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from rich.text import Text
 FENCE = '"""'
 PROMPT, MORE = ">>> ", "... "
 LEAVE_HINT = "Ctrl-D or /bye leaves"
+# what Ctrl-L types at the start of the line before sending it (see _setup_readline): never a prompt
+CLEAR_MARK = "\u240c"  # ␌, the symbol for form feed
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen (every terminal emulator speaks it)
 
 
 class LineReader:
@@ -60,6 +63,9 @@ class LineReader:
                 if not typed.strip():
                     self.console.print(Text(f"({LEAVE_HINT})", style="dim"))
                 continue
+            if line.startswith(CLEAR_MARK):
+                self._clear_screen(line[len(CLEAR_MARK) :])
+                continue
             fenced = line.lstrip().startswith(FENCE)
             if fenced:
                 try:
@@ -68,6 +74,24 @@ class LineReader:
                     self.console.print()
                     continue
             yield line, fenced
+
+    def _clear_screen(self, typed: str) -> None:
+        """Ctrl-L: a clear screen, the prompt at its top and the line as it was typed (not in the history)."""
+        import readline
+
+        n = readline.get_current_history_length()
+        if n and readline.get_history_item(n) == CLEAR_MARK + typed:
+            readline.remove_history_item(n - 1)
+        self.console.file.write(CLEAR_SCREEN)
+        self.console.file.flush()
+
+        def give_back() -> None:
+            readline.set_pre_input_hook(None)
+            readline.insert_text(typed)
+            readline.redisplay()
+
+        if typed:
+            readline.set_pre_input_hook(give_back)
 
     def _piped_lines(self):
         lines = (line.rstrip("\n") for line in sys.stdin)
@@ -111,6 +135,10 @@ class LineReader:
             # CPython turns bracketed paste off (for its own >>> prompt); on, readline inserts a paste, newlines
             # and all, as one edit: several pasted lines become one prompt, sent with Enter
             readline.parse_and_bind("set enable-bracketed-paste on")
+            # Ctrl-L: readline's own clear-screen needs the terminal description's "clear", which a missing or
+            # dumb TERM lacks (it then prints a new blank prompt and clears nothing): instead, type a mark at
+            # the line's start and send it; the loop clears the screen and gives the line back
+            readline.parse_and_bind(f'"\\C-l": "\\C-a{CLEAR_MARK}\\n"')
         self.history = cache_dir() / "chat_history"
         readline.set_history_length(1000)
         if files.not_regular(self.history):  # a FIFO would block readline's open for ever, a link be followed

@@ -31,17 +31,20 @@ DROPPED_FIRST = ("when", "time", "steps", "params")  # what a narrow terminal do
 
 
 def render_runs(console: Console, rows: list[dict], title: str, now: float | None = None) -> None:
-    """rows: runs.describe() of each run, newest first. A run's name stays whole (it is what chat, sample and
-    --resume take): where the table would not fit, the columns that matter least go, then names fold."""
+    """rows: runs.describe() of each run, newest first. Where the width allows, a run is one line with a
+    column for everything and one-line headers; else two lines a run (name over corpus, model over size). A
+    run's name stays whole (it is what chat, sample and --resume take): where the table would not fit, the
+    columns that matter least go, then names fold."""
     now = time.time() if now is None else now
-    for k in range(len(DROPPED_FIRST) + 1):
-        table = _runs_table(rows, title, now, set(DROPPED_FIRST[:k]), fold=k == len(DROPPED_FIRST))
+    layouts = [(set(), False, True)] + [(set(DROPPED_FIRST[:k]), k == len(DROPPED_FIRST), False) for k in range(5)]
+    for dropped, fold, wide in layouts:
+        table = _runs_table(rows, title, now, dropped, fold, wide)
         if console.measure(table, options=console.options.update_width(10_000)).minimum <= console.width:
             break
     console.print(table)
 
 
-def _runs_table(rows: list[dict], title: str, now: float, dropped: set[str], fold: bool) -> Table:
+def _runs_table(rows: list[dict], title: str, now: float, dropped: set[str], fold: bool, wide: bool) -> Table:
     table = Table(
         title=Text(safe_text(title)),
         title_justify="left",
@@ -51,26 +54,39 @@ def _runs_table(rows: list[dict], title: str, now: float, dropped: set[str], fol
         padding=0,
     )  # the box's one space between columns, no padding: 8 columns fit in 60
     # the user's names: whole, or (when nothing else is left to drop) folded, never cut short
-    names = max((cell_len(safe_text(str(r.get(k) or "?"))) for r in rows for k in ("run", "corpus")), default=8)
-    table.add_column("run\ncorpus", overflow="fold", min_width=8 if fold else max(8, names))
+    keys = ("run",) if wide else ("run", "corpus")
+    names = max((cell_len(safe_text(str(r.get(k) or "?"))) for r in rows for k in keys), default=8)
+    table.add_column("run" if wide else "run\ncorpus", overflow="fold", min_width=8 if fold else max(8, names))
+    if wide:
+        table.add_column("corpus", no_wrap=True)
     table.add_column("model", no_wrap=True)
+    if wide:
+        table.add_column("size", no_wrap=True)
     shown = [name for name in NUMBERS if name.split("\n")[0] not in dropped]
     for name in shown:
-        table.add_column(name, justify="right", no_wrap=True)
+        table.add_column(
+            " ".join(name.replace("\n", " ").split()).replace("/ ", "/") if wide else name,
+            justify="right",
+            no_wrap=True,
+        )
     for r in rows:
         # directory and corpus names are the user's text, never markup
-        run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r.get("corpus") or "?"), style="dim")
+        corpus = Text(safe_text(r.get("corpus") or "?"), style="dim")
+        run = Text(safe_text(r["run"])) if wide else Text(safe_text(r["run"])) + Text("\n") + corpus
         when = age(now - r["modified"])
         if "error" in r:  # under the name: a long message folds, keeping the other columns
             run = Text(safe_text(r["run"])) + Text("\n" + safe_text(r["error"]), style="red", overflow="fold")
+            blank = [""] * (2 if wide else 0)
             table.add_row(
-                run, Text("unreadable", style="red"), *[""] * (len(shown) - 1), when if "when" in shown else ""
+                run, *blank, Text("unreadable", style="red"), *[""] * (len(shown) - 1), when if "when" in shown else ""
             )
             continue
         bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] is not None else "-"
         params = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
         cells = dict(zip(NUMBERS, (params, f"{r['steps']:,}", duration(r["train_seconds"]), bpc, when), strict=True))
-        table.add_row(run, f"{r['model']}\n{r['layers']}×{r['d_model']} {r['tokenizer']}", *[cells[n] for n in shown])
+        size = f"{r['layers']}×{r['d_model']} {r['tokenizer']}"
+        model = [corpus, r["model"], size] if wide else [f"{r['model']}\n{size}"]
+        table.add_row(run, *model, *[cells[n] for n in shown])
     return table
 
 
