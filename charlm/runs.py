@@ -262,16 +262,23 @@ def checkpoint_of(run: Path) -> Path:
 
 def find_runs(root: Path = RUNS) -> list[Path]:
     """Every run directory under root (root itself when it is one): trained, compressed or pruned (compress
-    --to), lab runs (checkpoints/lab/...), at any depth up to DEPTH; newest checkpoint first. Links to
-    folders are not followed (a link to a parent would loop)."""
-    found, wanted = [], checkpoints()
-    for folder, subfolders, names in os.walk(root, onerror=lambda e: None):
-        if any(n in names for n in wanted) and any((Path(folder) / n).is_file() for n in wanted):
-            found.append(Path(folder))
-        if len(Path(folder).relative_to(root).parts) >= DEPTH:
+    --to), lab runs (checkpoints/lab/...), at any depth up to DEPTH; newest checkpoint first. A link to a run
+    is listed, but no link is searched below (a link to a parent would loop)."""
+    found = []
+    for folder, subfolders, _ in os.walk(root, onerror=lambda e: None):
+        here = Path(folder)
+        if _holds_a_run(here):
+            found.append(here)
+        # a link to a run is listed (os.walk lists it, and does not go in): never searched below
+        found += [here / d for d in subfolders if (here / d).is_symlink() and _holds_a_run(here / d)]
+        if len(here.relative_to(root).parts) >= DEPTH:
             subfolders.clear()
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
     return sorted(found, key=lambda p: checkpoint_of(p).stat().st_mtime, reverse=True)
+
+
+def _holds_a_run(folder: Path) -> bool:
+    return any((folder / n).is_file() for n in checkpoints())
 
 
 def run_name(run: Path, root: Path = RUNS) -> str:

@@ -31,7 +31,23 @@ for _var in ("LINES", "COLUMNS"):
 
 # a test that starts another process (a pseudo-terminal, a subprocess, torchrun) pays that process's start and
 # torch's import, seconds each on a busy CPU: it is marked slow, whether it starts one itself, through a helper
-# of its module, or through a fixture. Tests slow for another reason carry @pytest.mark.slow themselves.
+# function or class of its module, or through a fixture. So are the tests that train models for seconds in
+# this process (measured with --durations: benchmarks/RESULTS.md, "The quick test loop"): those that use a
+# fixture of SLOW_FIXTURES, and SLOW_TESTS by name (or carrying @pytest.mark.slow themselves).
+SLOW_FIXTURES = {"copy_result", "positions_result"}  # lab models trained at --quick size: minutes on a busy CPU
+SLOW_TESTS = {
+    "test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach",
+    "test_induction_the_loss_falls_as_the_induction_head_forms",
+    "test_capacity_a_larger_state_copies_longer",
+    "test_cost_recomputation_grows_faster_than_the_cache",
+    "test_seeds_show_every_value_and_the_same_seeds_give_the_same_table",
+    "test_a_huge_metrics_file_is_read_from_its_end_only",
+    "test_a_masked_run_trains_and_evaluates_on_the_targets_only",
+    "test_report_measures_every_method_and_names_the_best_trade",
+    "test_a_kill_between_any_two_writes_leaves_files_that_agree",
+    "test_never_saves_the_compile_wrapper",
+    "test_every_run_charlm_writes_is_listed_and_opens_by_name",
+}
 STARTS_A_PROCESS = re.compile(r"\bsubprocess\.|\bpexpect\.spawn\(|\bcharlm_pty\(|\bchat_pty\b|\bimported\(")
 
 
@@ -50,20 +66,22 @@ def pytest_collection_modifyitems(config, items):
         if module is None or getattr(item, "function", None) is None:
             continue
         if module not in helpers:
-            found = {
-                name
+            own = [
+                (name, f)
                 for name, f in vars(module).items()
-                if inspect.isfunction(f) and not name.startswith("test_") and _starts_a_process(f, set())
-            }
-            # one more level: helpers built on those (a test's say() on its spawn())
-            found |= {
-                name
-                for name, f in vars(module).items()
-                if inspect.isfunction(f) and not name.startswith("test_") and _starts_a_process(f, found)
-            }
+                if (inspect.isfunction(f) or inspect.isclass(f))
+                and getattr(f, "__module__", None) == module.__name__
+                and not name.startswith("test_")
+            ]
+            found = {name for name, f in own if _starts_a_process(f, set())}
+            found |= {name for name, f in own if _starts_a_process(f, found)}  # helpers built on those
             helpers[module] = found
         fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-        if any(_starts_a_process(f, helpers[module]) for f in [item.function, *fixtures]):
+        if (
+            item.function.__name__ in SLOW_TESTS
+            or SLOW_FIXTURES & set(item.fixturenames)
+            or any(_starts_a_process(f, helpers[module]) for f in [item.function, *fixtures])
+        ):
             item.add_marker(pytest.mark.slow)
 
 

@@ -339,3 +339,14 @@ def test_every_run_charlm_writes_is_listed_and_opens_by_name(gen_runs, tmp_path,
     assert "int8" in charlm("info", "tt-int8").stdout
     r = charlm("sample", "t", "-n", "5")  # two runs start with it: say which
     assert r.exit_code != 0 and "could be 2 runs" in r.stderr and "tt-int8" in r.stderr
+
+
+def test_a_link_to_a_run_is_listed_and_a_link_loop_is_not_followed(gen_runs, tmp_path):
+    """The listing walks checkpoints/ at any depth (compressed and lab runs); a link to a run directory is
+    still listed, as the old one-level listing did, and a link back to a parent is never walked."""
+    shutil.copytree(gen_runs["lstm"], tmp_path / "elsewhere" / "kept")
+    root = tmp_path / "checkpoints"
+    shutil.copytree(gen_runs["tf"], root / "deep" / "er" / "tf")
+    (root / "linked").symlink_to(tmp_path / "elsewhere" / "kept")
+    (root / "deep" / "loop").symlink_to(root)
+    assert sorted(runs.run_name(p, root) for p in runs.find_runs(root)) == ["deep/er/tf", "linked"]

@@ -69,11 +69,17 @@ class LineReader:
             fenced = line.lstrip().startswith(FENCE)
             if fenced:
                 try:
-                    line = self._fenced(line, lambda: input(MORE))
+                    line = self._fenced(line, self._more)
                 except KeyboardInterrupt:  # Ctrl-C inside a multi-line prompt drops that prompt
                     self.console.print()
                     continue
             yield line, fenced
+
+    def _more(self) -> str:
+        """A line of a multi-line prompt (Ctrl-L clears the screen there too, keeping the line)."""
+        while (line := input(MORE)).startswith(CLEAR_MARK):
+            self._clear_screen(line[len(CLEAR_MARK) :])
+        return line
 
     def _clear_screen(self, typed: str) -> None:
         """Ctrl-L: a clear screen, the prompt at its top and the line as it was typed (not in the history)."""
