@@ -191,7 +191,7 @@ class Saved:
 
 
 # what holds tensors: read_header leaves them as TensorInfo
-TENSOR_FIELDS = ("model", "optimizer", "rng", "scaler", "quantized")
+TENSOR_FIELDS = ("model", *safetensors_file.TREE_FIELDS)
 
 # what every checkpoint holds, and the types of the plain values (checked on read)
 REQUIRED = (
