@@ -203,7 +203,13 @@ def _write_cache(path: Path, write: Callable) -> None:
     try:
         files.atomic_write(path, write, parents=True)
     except files.WriteError as e:
-        hint = "free some space, or set CHARLM_CACHE to a disk with room" if e.full else "set CHARLM_CACHE elsewhere"
+        hint = (
+            "free some space, or set CHARLM_CACHE to a disk with room"
+            if e.full
+            else "remove it, or set CHARLM_CACHE elsewhere"  # a FIFO, a link, a directory: never replaced
+            if files.not_regular(path)
+            else "set CHARLM_CACHE elsewhere"
+        )
         raise files.WriteError(f"{e} (the token cache): {hint}", e.path, e.full) from None
 
 
