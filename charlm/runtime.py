@@ -47,49 +47,26 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
-class Threads:
-    """torch's intra-op threads on a CPU, chosen from how much of it other programs use, and re-chosen every
-    `every` seconds (tick() once per step). Each step of a small model is a chain of parallel regions, each
-    ending in a barrier: a thread count above the cores that are free leaves a barrier waiting on a thread that
-    is not running, so beside two CPU-bound programs on 2 cores two threads did 2 steps where one thread does
-    hundreds (benchmarks/RESULTS.md, "Busy CPU"). So: as many threads as free cores, rounded, at least one.
+class CpuShare:
+    """How much of the CPU other programs took while this process worked, read every `every` seconds (tick()
+    once per step): `others`, the cores they kept busy, and `own`, the cores this process used, since the
+    reading before. From /proc/stat (all cores' busy time) less this process's own CPU time; None where there is
+    no /proc/stat (macOS, Windows) or before the first reading. The training summary says from them what a busy
+    machine really cost a run (views/progress.py).
 
-    Readings come from /proc/stat (all cores' busy time) less this process's own CPU time; where there is no
-    /proc/stat (macOS, Windows) torch's own choice stands. The latest reading is kept for the training
-    summary: `others` (cores other programs kept busy) and `own` (cores this process used)."""
+    What keeps a busy CPU from collapsing a run is OpenMP's wait policy, not the thread count: charlm sets
+    OMP_WAIT_POLICY=PASSIVE before torch loads (charlm/__init__.py)."""
 
-    def __init__(self, every: float = 5.0, enabled: bool = True):
-        # never more threads than torch had when this was made (OMP_NUM_THREADS, or a caller's set_num_threads)
-        self.most = self.before = torch.get_num_threads()
+    def __init__(self, every: float = 2.0, enabled: bool = True):
         self.every, self.others, self.own = every, None, None
-        self.last = _cpu_times() if enabled and self.most > 1 else None
+        self.last = _cpu_times() if enabled else None
 
-    def __enter__(self) -> Threads:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        torch.set_num_threads(self.before)
-
-    def start(self, least: float = 0.1) -> None:
-        """The first choice, from what the CPU did since this object was made (a set-up, say), waiting until
-        `least` seconds have passed: /proc/stat counts in ticks of 10 ms."""
-        if self.last is not None:
-            time.sleep(max(0.0, least - (time.perf_counter() - self.last[0])))
-            self.tick(force=True)
-
-    def tick(self, force: bool = False) -> None:
-        if self.last is None or (not force and time.perf_counter() - self.last[0] < self.every):
+    def tick(self) -> None:
+        if self.last is None or time.perf_counter() - self.last[0] < self.every:
             return
         now = _cpu_times()
         wall, busy, own = (b - a for a, b in zip(self.last, now))
-        self.last = now
-        self.own = own / wall
-        self.others = max(0.0, (busy - own) / wall)
-        machine = os.cpu_count() or 1  # /proc/stat counts every core, not only those this process may use
-        threads = max(1, min(self.most, int(machine - self.others + 0.5)))  # the free cores, rounded
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)  # resizing the pool costs ~0.5 ms: once in `every` seconds at most
+        self.last, self.own, self.others = now, own / wall, max(0.0, (busy - own) / wall)
 
 
 def _cpu_times() -> tuple[float, float, float] | None:

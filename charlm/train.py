@@ -50,7 +50,7 @@ from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.optim import make_optimizer
 from charlm.resume import Resumed, best_so_far, drop_metrics_beyond, restore_state, resume_run
-from charlm.runtime import Threads, autocast_dtype, pick_device
+from charlm.runtime import CpuShare, autocast_dtype, pick_device
 from charlm.schedule import EvalSchedule, lr_at, spent
 from charlm.stopping import Abandon, Quit, RunSignals, stop_signals
 from charlm.tokenizer import tokenizer_from_json
@@ -123,9 +123,7 @@ class Trainer:
         self.speeds: list[float] = []  # tokens/s of each step of the latest fit(): its session
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
-        # torch's threads follow the cores other programs leave free (one process on a CPU: torchrun's ranks
-        # run one thread each); its first reading covers the set-up below
-        self.threads = Threads(enabled=self.device == "cpu" and not self.dist.enabled)
+        self.cpu_share = CpuShare(enabled=self.device == "cpu")  # what other programs took: the summary says
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
         if self.dist.is_main:
@@ -231,7 +229,7 @@ class Trainer:
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         self.speeds = []
         model.train()
-        with self.signals, self.signals.deferring() as signals, self.threads:
+        with self.signals, self.signals.deferring() as signals:
             self.on_event(
                 Started(
                     out_dir=self.out_dir,
@@ -277,7 +275,7 @@ class Trainer:
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
                     elapsed = time.perf_counter() - t0
                     self.speeds.append(tokens_per_step / max(elapsed, 1e-9))
-                    self.threads.tick()
+                    self.cpu_share.tick()
                     self.on_event(
                         Stepped(
                             step=self.step,
@@ -286,8 +284,8 @@ class Trainer:
                             tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
                             elapsed=self.train_seconds,
                             load=_load(),
-                            others=self.threads.others,
-                            own=self.threads.own,
+                            others=self.cpu_share.others,
+                            own=self.cpu_share.own,
                             threads=torch.get_num_threads(),
                         )
                     )

@@ -9,7 +9,7 @@ from charlm import checkpoint
 from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, Progress, evaluate_file
 from charlm.options import EvalOptions
-from charlm.runtime import Threads, pick_device
+from charlm.runtime import pick_device
 
 
 @dataclass
@@ -32,10 +32,6 @@ def evaluate(ckpt: str, file: str, opts: EvalOptions | None = None, progress: Pr
     """Score the whole file (see charlm.evaluate for what is counted and how a text longer than the
     context is read). progress(done, total) as tokens are scored."""
     opts = opts or EvalOptions()
-    device = pick_device(opts.device)
-    with Threads(enabled=device == "cpu"):  # as many torch threads as the cores other programs leave free
-        ck = checkpoint.load(ckpt, device=device)
-        result = evaluate_file(
-            ck.model, ck.tokenizer, file, stride=opts.stride, unknown=opts.unknown, progress=progress
-        )
+    ck = checkpoint.load(ckpt, device=pick_device(opts.device))
+    result = evaluate_file(ck.model, ck.tokenizer, file, stride=opts.stride, unknown=opts.unknown, progress=progress)
     return Evaluation(ck, Path(file), result)

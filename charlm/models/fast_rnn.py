@@ -3,7 +3,7 @@ CPU, float32, eval mode), as models/fast_decode.py does for the Transformer.
 
 Why: one token through torch's nn.LSTM costs ~650 µs at 2 × 256 (dispatch, and the RNN kernel's set-up for a
 sequence of one), where the arithmetic is a few matrix-vector products: numpy does the step in a fraction of
-that (benchmarks/bench_generate.py --rnn-step; RESULTS.md, "The RNN's one-token step in numpy").
+that (benchmarks/bench_rnn_step.py; RESULTS.md, "Speed, round five").
 
 FastRNN(model, cache).step_np(token) -> logits (vocab,) is model(token, cache=cache) for one token. It reads the
 weights through zero-copy views (never stale copies) and carries the state in the cache's own (h, c) tensors,

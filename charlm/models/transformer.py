@@ -130,7 +130,7 @@ def sinusoidal_table(d_model: int, max_len: int) -> torch.Tensor:
 
 # PyTorch's CPU flash attention is far slower in bf16 than in fp32, backwards most (7x at the tiny preset's
 # sizes, on AVX512-BF16/AMX and on AVX2-only CPUs alike): under CPU autocast, attention runs in fp32 while the
-# matrix products stay in bf16 (benchmarks/bench_attention.py; RESULTS.md, "Attention in fp32 under autocast")
+# matrix products stay in bf16 (benchmarks/bench_attention.py; RESULTS.md, "Speed, round five")
 CPU_ATTENTION_FP32 = True
 
 
