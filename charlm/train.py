@@ -123,7 +123,8 @@ class Trainer:
         self.speeds: list[float] = []  # tokens/s of each step of the latest fit(): its session
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
-        self.cpu_share = CpuShare(enabled=self.device == "cpu")  # what other programs took: the summary says
+        # what other programs took of the CPU, for the summary (not under torchrun: the other ranks would count)
+        self.cpu_share = CpuShare(enabled=self.device == "cpu" and not self.dist.enabled)
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
         if self.dist.is_main:

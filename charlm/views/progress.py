@@ -223,7 +223,7 @@ class TrainView:
             )
         table.add_row("checkpoints", safe(f"{result.out_dir}/best.pt, last.pt"))
         self._print(table)
-        if busy := self._busy() or self._slow(result):
+        if busy := self._busy(result) or self._slow(result):
             self._print(Text(busy, style="yellow"))
         if result.sample:
             self._print("[bold]sample:[/]")
@@ -241,7 +241,7 @@ class TrainView:
         for command in (f"charlm chat {run}", f'charlm sample {run} --prompt "..."', f"charlm info {run}"):
             self._command(command)
 
-    def _busy(self) -> str:
+    def _busy(self, result: Result) -> str:
         """A word on a CPU that other programs kept busy: training then does fewer steps than the machine
         can, and the result reads worse than it is."""
         if self.started is None or self.started.device != "cpu":
@@ -254,7 +254,7 @@ class TrainView:
             return (
                 f"the CPU was busy: other programs kept {others:.1f} of its {cores} cores busy, so this run used "
                 f"{own:.1f} ({own / cores:.0%} of the machine, torch on {threads} thread{'s' * (threads > 1)}) at "
-                f"{self.tps:,.0f} tokens/s, and did fewer steps than this machine can alone. Train again when it "
+                f"{result.tokens_per_s or self.tps:,.0f} tokens/s, and did fewer steps than this machine can alone. Train again when it "
                 "is quieter, or for longer."
             )
         if len(self.loads) < 10:
