@@ -128,9 +128,10 @@ def sinusoidal_table(d_model: int, max_len: int) -> torch.Tensor:
     return table
 
 
-# PyTorch's CPU flash attention is far slower in bf16 than in fp32, backwards most (7x at the tiny preset's
-# sizes, on AVX512-BF16/AMX and on AVX2-only CPUs alike): under CPU autocast, attention runs in fp32 while the
-# matrix products stay in bf16 (benchmarks/bench_attention.py; RESULTS.md, "Speed, round five")
+# PyTorch's CPU flash attention is far slower in bf16 than in fp32, backwards most (forward + backward at the
+# tiny preset's sizes 3.6x on an AVX512-BF16/AMX Xeon, and the tiny step 1.35x faster in fp32): under CPU
+# autocast, attention runs in fp32 while the matrix products stay in bf16. (On AVX2-only CPUs --precision auto
+# runs no autocast.) benchmarks/bench_attention.py; RESULTS.md, "Speed, round five".
 CPU_ATTENTION_FP32 = True
 
 
