@@ -55,6 +55,10 @@ class Stepped:
     tokens_per_s: float
     elapsed: float  # seconds of training so far, earlier sessions included
     load: float | None = None  # the machine's 1-minute load average (None where the system has none)
+    # since the last reading (runtime.CpuShare, every 2 s; None: no reading yet, or on a GPU, or without /proc)
+    others: float | None = None  # cores that other programs kept busy
+    own: float | None = None  # cores this process used
+    threads: int | None = None  # torch's threads for this step
 
 
 @dataclass(kw_only=True)

@@ -22,6 +22,7 @@ import torch
 
 from charlm.config import SampleConfig
 from charlm.models.fast_decode import FastDecoder
+from charlm.models.fast_rnn import FastRNN
 
 # Temperatures below this are greedy: dividing logits by a tiny (or subnormal) number overflows to inf and
 # turns the distribution into NaNs, and long before that it is one-hot anyway (a logit gap of 0.01 becomes e^100).
@@ -200,7 +201,9 @@ class Streamer:
         self.cache = None
         self._fed = 0  # the cache holds self.ids[:self._fed] (a rolled one: its last context tokens)
         self._last = None  # the logits after them
-        self.fast = None  # the numpy one-token step over self.cache, made when FastDecoder supports the model
+        self.fast = (
+            None  # the numpy one-token step over self.cache (FastDecoder, FastRNN), where one supports the model
+        )
         self.stats = Stats()
 
     def reset(self) -> None:
@@ -245,7 +248,8 @@ class Streamer:
     def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
         if len(tokens) == 1 and self.fast_decode:
             if self.fast is None or not self.fast.current():
-                self.fast = FastDecoder(self.model, self.cache) if FastDecoder.supports(self.model) else None
+                step = next((kind for kind in (FastDecoder, FastRNN) if kind.supports(self.model)), None)
+                self.fast = step(self.model, self.cache) if step is not None else None
             if self.fast is not None:
                 return self.fast.step_np(tokens[0])
         with torch.inference_mode():

@@ -3,7 +3,9 @@ Shared by training and by the commands that only run a model (sample, chat, eval
 
 from __future__ import annotations
 
+import os
 import platform
+import time
 
 import torch
 
@@ -43,3 +45,37 @@ def cpu_name() -> str:
         return f"{info['model name']} (family {info['cpu family']}, model {info['model']}, {avx512})"
     except (OSError, KeyError):
         return platform.processor() or platform.machine()
+
+
+class CpuShare:
+    """How much of the CPU other programs took while this process worked, read every `every` seconds (tick()
+    once per step): `others`, the cores they kept busy, and `own`, the cores this process used, since the
+    reading before. From /proc/stat (all cores' busy time) less this process's own CPU time; None where there is
+    no /proc/stat (macOS, Windows) or before the first reading. The training summary says from them what a busy
+    machine really cost a run (views/progress.py).
+
+    What keeps a busy CPU from collapsing a run is OpenMP's wait policy, not the thread count: charlm sets
+    OMP_WAIT_POLICY=PASSIVE before torch loads (charlm/__init__.py)."""
+
+    def __init__(self, every: float = 2.0, enabled: bool = True):
+        self.every, self.others, self.own = every, None, None
+        self.last = _cpu_times() if enabled else None
+
+    def tick(self) -> None:
+        if self.last is None or time.perf_counter() - self.last[0] < self.every:
+            return
+        now = _cpu_times()
+        wall, busy, own = (b - a for a, b in zip(self.last, now))
+        self.last, self.own, self.others = now, own / wall, max(0.0, (busy - own) / wall)
+
+
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(wall clock, seconds all cores were busy, this process's CPU seconds), or None without /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    t = os.times()
+    return time.perf_counter(), (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), t.user + t.system

@@ -50,7 +50,7 @@ from charlm.generate import Streamer
 from charlm.models import build_model, count_params
 from charlm.optim import make_optimizer
 from charlm.resume import Resumed, best_so_far, drop_metrics_beyond, restore_state, resume_run
-from charlm.runtime import autocast_dtype, pick_device
+from charlm.runtime import CpuShare, autocast_dtype, pick_device
 from charlm.schedule import EvalSchedule, lr_at, spent
 from charlm.stopping import Abandon, Quit, RunSignals, stop_signals
 from charlm.tokenizer import tokenizer_from_json
@@ -123,6 +123,8 @@ class Trainer:
         self.speeds: list[float] = []  # tokens/s of each step of the latest fit(): its session
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
+        # what other programs took of the CPU, for the summary (not under torchrun: the other ranks would count)
+        self.cpu_share = CpuShare(enabled=self.device == "cpu" and not self.dist.enabled)
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
         if self.dist.is_main:
@@ -275,6 +277,7 @@ class Trainer:
                     self.train_seconds = seconds_before + time.perf_counter() - session_start
                     elapsed = time.perf_counter() - t0
                     self.speeds.append(tokens_per_step / max(elapsed, 1e-9))
+                    self.cpu_share.tick()
                     self.on_event(
                         Stepped(
                             step=self.step,
@@ -283,6 +286,9 @@ class Trainer:
                             tokens_per_s=tokens_per_step / max(elapsed, 1e-9),
                             elapsed=self.train_seconds,
                             load=_load(),
+                            others=self.cpu_share.others,
+                            own=self.cpu_share.own,
+                            threads=torch.get_num_threads(),
                         )
                     )
                     if self.schedule.due(self.step, self.budget_spent):

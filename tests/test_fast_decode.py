@@ -197,3 +197,56 @@ def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
     assert fast_cache.pos == torch_cache.pos == 40
     torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
+
+
+# ---- the RNN's numpy step (FastRNN) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_numpy_rnn_step_follows_torch_state_by_state(kind):
+    """FastRNN against torch's nn.LSTM / nn.GRU, one token at a time after a prompt torch fed: each layer's h
+    (and the LSTM's c) after every step, then the logits. A failure names the first step, layer and quantity
+    where the two part. The state is the cache's own, so torch may take over again and agree."""
+    from charlm.models.fast_rnn import FastRNN
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind=kind, vocab_size=VOCAB, n_layers=2, d_model=24, context=16)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.6)  # logits O(1..10), and gates well away from saturation only in part
+    ours, theirs = model.new_cache(1), model.new_cache(1)
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        model.decode(ids[:5], ours), model.decode(ids[:5], theirs)  # a prompt, fed by torch
+        fast = FastRNN(model, ours)
+        names = ["h", "c"] if kind == "lstm" else ["h"]
+        for t, token in enumerate(ids[5:30]):
+            trace: list = []
+            got = fast.step_np(token, trace)
+            want = model.decode([token], theirs)
+            state = theirs.state if kind == "lstm" else (theirs.state,)
+            for i, value in enumerate(trace):
+                layer, which = divmod(i, len(names))
+                gap = (torch.from_numpy(value) - state[which][layer, 0]).abs().max().item()
+                assert gap <= 1e-5, f"step {t}: layer {layer}'s {names[which]} departs from torch by {gap:.2g}"
+            gap = (torch.from_numpy(got) - want).abs().max().item()
+            assert gap <= 1e-4, f"step {t}: the logits depart from torch by {gap:.2g}"
+        assert want.abs().max() > 1.0 and ours.pos == theirs.pos == 30
+        for token in ids[30:]:  # torch again on the state numpy left: still the same
+            a, b = model.decode([token], ours), model.decode([token], theirs)
+        assert (a - b).abs().max().item() <= 1e-4
+
+
+def test_the_streamer_steps_an_lstm_in_numpy():
+    """generate's Streamer runs the numpy step for an RNN's single new tokens, on the prompt's torch state."""
+    from charlm.models.fast_rnn import FastRNN
+
+    model = build_model(ModelConfig(kind="lstm", vocab_size=VOCAB, n_layers=2, d_model=16, context=16)).eval()
+    gen = Streamer(model, tokenizer=None)
+    gen.ids = [1, 2, 3]
+    gen.next_logits()  # a prompt: torch
+    gen.ids.append(4)
+    logits = gen.next_logits()  # one new token: numpy
+    with torch.no_grad():
+        want = model(torch.tensor([[1, 2, 3, 4]]))[0][0, -1]
+    assert isinstance(gen.fast, FastRNN) and (torch.as_tensor(logits) - want).abs().max().item() <= 1e-5

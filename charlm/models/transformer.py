@@ -132,6 +132,13 @@ def sinusoidal_table(d_model: int, max_len: int) -> torch.Tensor:
     return table
 
 
+# PyTorch's CPU flash attention is far slower in bf16 than in fp32, backwards most (forward + backward at the
+# tiny preset's sizes 3.6x on an AVX512-BF16/AMX Xeon, and the tiny step 1.35x faster in fp32): under CPU
+# autocast, attention runs in fp32 while the matrix products stay in bf16. (On AVX2-only CPUs --precision auto
+# runs no autocast.) benchmarks/bench_attention.py; RESULTS.md, "Speed, round five".
+CPU_ATTENTION_FP32 = True
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -163,6 +170,12 @@ class CausalSelfAttention(nn.Module):
         return self.resid_drop(self.proj(y))
 
     def _sdpa(self, q, k, v, past, bias):
+        if q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and CPU_ATTENTION_FP32:
+            with torch.autocast("cpu", enabled=False):  # autocast would cast fp32 inputs back to bf16
+                return self._sdpa_call(q.float(), k.float(), v.float(), past, bias)  # proj casts the output back
+        return self._sdpa_call(q, k, v, past, bias)
+
+    def _sdpa_call(self, q, k, v, past, bias):
         p = self.dropout if self.training else 0.0
         T = q.size(2)
         if bias is not None:  # ALiBi: the distances and the causal mask in one float mask (nh, T, keys)

@@ -40,6 +40,7 @@ class TrainView:
         self.t_logged: float | None = None  # when the log's latest line of a step was written
         self.unsaid: Text | None = None  # a stop's acknowledgment that could not be written when the signal came
         self.loads: list[float] = []  # the machine's load average at each step: was it busy?
+        self.readings: list[tuple[float, float, int]] = []  # (others, own, threads) at each step: Stepped's
         self.started: Started | None = None
         # wall-clock marks, so the summary's time adds up to what the user waited
         self.t_created = time.perf_counter()
@@ -172,6 +173,8 @@ class TrainView:
         self.tps = e.tokens_per_s if self.tps == 0 else 0.9 * self.tps + 0.1 * e.tokens_per_s
         if e.load is not None:
             self.loads.append(e.load)
+        if e.others is not None:
+            self.readings.append((e.others, e.own, e.threads))
         self.last_step = (e.step, e.loss)
         info = self._bar_info() if self.live else self._info()
         if self.live:
@@ -242,7 +245,7 @@ class TrainView:
             )
         table.add_row("checkpoints", safe(f"{result.out_dir}/{BEST}, {LAST}"))
         self._print(table)
-        if busy := self._busy() or self._slow(result):
+        if busy := self._busy(result) or self._slow(result):
             self._print(Text(busy, style="yellow"))
         if result.sample:
             self._print("[bold]sample:[/]")
@@ -260,10 +263,23 @@ class TrainView:
         for command in (f"charlm chat {run}", f'charlm sample {run} --prompt "..."', f"charlm info {run}"):
             self._command(command)
 
-    def _busy(self) -> str:
+    def _busy(self, result: Result) -> str:
         """A word on a CPU that other programs kept busy: training then does fewer steps than the machine
         can, and the result reads worse than it is."""
-        if self.started is None or self.started.device != "cpu" or len(self.loads) < 10:
+        if self.started is None or self.started.device != "cpu":
+            return ""
+        if len(self.readings) >= 10:  # what the trainer measured: other programs' CPU time and its own
+            cores = os.cpu_count() or 1
+            others, own, threads = (sorted(r)[len(r) // 2] for r in zip(*self.readings))  # medians
+            if others < max(0.5, 0.25 * cores):
+                return ""
+            return (
+                f"the CPU was busy: other programs kept {others:.1f} of its {cores} cores busy, so this run used "
+                f"{own:.1f} ({own / cores:.0%} of the machine, torch on {threads} thread{'s' * (threads > 1)}) at "
+                f"{result.tokens_per_s or self.tps:,.0f} tokens/s, and did fewer steps than this machine can alone. Train again when it "
+                "is quieter, or for longer."
+            )
+        if len(self.loads) < 10:
             return ""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         load = sorted(self.loads)[len(self.loads) // 2]  # the median: one spike is no busy machine

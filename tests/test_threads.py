@@ -1,0 +1,68 @@
+"""A busy CPU (issue 40): OpenMP's threads sleep while they wait, and the training summary says what other
+programs took and what the run got. Speeds: benchmarks/bench_busy.py (RESULTS.md, "Speed, round five")."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import tiny_train
+from rich.console import Console
+
+from charlm.config import ModelConfig
+from charlm.events import Result, Started, Stepped
+from charlm.runtime import CpuShare
+from charlm.views.progress import TrainView
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="readings come from /proc/stat")
+def test_the_reading_sees_other_programs_keep_the_cores_busy():
+    """With a CPU-bound program on every core, the reading says the others kept most of the machine busy, and
+    this process (asleep) next to nothing."""
+    cores = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.3)  # the spinners are up
+        share = CpuShare(every=0.5)
+        time.sleep(0.6)
+        share.tick()
+        assert share.others >= 0.6 * cores, share.others
+        assert 0 <= share.own < 0.2
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+
+
+def test_openmp_threads_sleep_while_they_wait_unless_the_user_says_otherwise():
+    """charlm sets OpenMP's wait policy before torch loads (spinning threads collapsed a run on a busy CPU)."""
+    probe = "import os, charlm, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    assert subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout == "PASSIVE\n"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    assert subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout == "ACTIVE\n"
+
+
+@pytest.mark.parametrize("others,busy", [(0.1, False), (1.4, True)])
+def test_the_summary_says_what_other_programs_took(tmp_path, monkeypatch, others, busy):
+    """Issue 40: under load a run's summary blamed its share of the load average (24 %) where two threads
+    waiting on each other had lost 30x. The summary now reads what the trainer measured: the cores other
+    programs kept busy, the cores the run used and its threads."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    console = Console(file=io.StringIO(), width=100)
+    view = TrainView(console)
+    view(Started(out_dir=tmp_path, device="cpu", params=1000, model_config=ModelConfig(vocab_size=10),
+                 train_config=tiny_train(50), start_step=0, train_tokens=1000, val_tokens=100, vocab_size=10))  # fmt: skip
+    for step in range(1, 21):
+        view(Stepped(step=step, loss=2.0, lr=1e-3, tokens_per_s=5000.0, elapsed=step / 10, load=0.5,
+                     others=others, own=2 - others, threads=1 if busy else 2))  # fmt: skip
+    view.finish(Result(out_dir=tmp_path, step=20, stopped="steps", train_seconds=2.0, best_val_loss=None,
+                       best_val_bpc=None, last_val_loss=None, params=1000))  # fmt: skip
+    out = " ".join(console.file.getvalue().split())
+    said = "other programs kept 1.4 of its 2 cores busy, so this run used 0.6 (30% of the machine, torch on 1 thread)"
+    assert (said in out) == busy, out
+    assert "the CPU was busy" in out if busy else "busy" not in out
