@@ -39,6 +39,7 @@ INTERNAL = {
     (TrainConfig, "beta2"),
     (TrainConfig, "grad_clip"),
     (TrainConfig, "val_fraction"),
+    (TrainConfig, "teacher_sha256"),  # recorded by the run (distill.Teacher), never given
 }
 # fields whose CLI default the command works out: --steps and --max-time from each other
 DERIVED = {"steps": None, "max_time": None}

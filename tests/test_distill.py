@@ -69,7 +69,7 @@ def test_a_distilled_run_records_its_teacher(cmp_runs, cmp_corpus, tmp_path):
     r = cli("train", cmp_corpus, *TINY, "--steps", "3", "--teacher", cmp_runs["tf"], "--out", tmp_path / "s")
     assert r.exit_code == 0, r.output
     saved = checkpoint.read_header(tmp_path / "s")
-    assert saved.train_config.teacher == str((cmp_runs["tf"] / "best.pt").resolve())  # recorded absolute
+    assert saved.train_config.teacher == str((cmp_runs["tf"] / "best.safetensors").resolve())  # recorded absolute
     assert saved.train_config.distill_weight == 0.5
     info = cli("info", tmp_path / "s")
     assert "distilled from" in info.stdout and "cmp-tf" in info.stdout

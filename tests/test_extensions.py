@@ -164,7 +164,6 @@ class CountOptions(Validated):
     text: str = flag("", "The text to count.", short="p")
 
     def validate(self) -> CountOptions:
-        check_types(self)
         check(len(self.text) <= 1000, "--text takes at most 1,000 characters")
         return self
 
@@ -342,9 +341,10 @@ CHANGES = {
         {
             "config.py": [
                 (
-                    '    repetition_penalty: float = flag(1.0, ">1 discourages repeating tokens.", example="1.2")\n',
+                    '        1.0, ">1 discourages repeating tokens.", example="1.2", range=Range(0, 10, low_open=True)\n'
+                    "    )\n",
                     '    min_p: float = flag(0.0, "Drop tokens below this share of the best one\'s probability.",'
-                    ' example="0.1")\n',
+                    ' example="0.1", range=Range(0, 1))\n',
                 )
             ],
             "generate.py": [

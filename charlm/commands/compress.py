@@ -135,9 +135,9 @@ class _Session:
     def write(
         self, to: Path, bits: int, heads: int, units: int, name: str, chance: bool = False
     ) -> tuple[Measured, list]:
-        """Write the run into to/best.pt, load it back through the safe loader as every command does, score it,
+        """Write the run into to/best.safetensors, load it back through the safe loader as every command does, score it,
         and write it again with its own score (`to` is a scratch directory: compress() moves the scored file
-        into place in one rename, so no unscored best.pt is ever where a command would open it)."""
+        into place in one rename, so no unscored best.safetensors is ever where a command would open it)."""
         cfg, state, what, dropped = self.pruned(heads, units, chance)
         self.step(f"{name}: writing, loading back and scoring")
         weights, path = stored(state, bits), to / checkpoint.BEST
@@ -209,9 +209,9 @@ def _remove_scratch(to: Path) -> None:
 
 
 def compress(ckpt: str, opts: CompressOptions, progress: Progress = _quiet) -> Compressed:
-    """Write the compressed run to opts.to (default: default_to) as its best.pt, and measure it and the original
+    """Write the compressed run to opts.to (default: default_to) as its best.safetensors, and measure it and the original
     on the same text. The run directory is held with the run lock train takes (a second compress, or a training,
-    into it is refused). Everything is written into a scratch directory inside it and the scored best.pt moved
+    into it is refused). Everything is written into a scratch directory inside it and the scored best.safetensors moved
     into place in one rename: Ctrl-C, SIGTERM, SIGHUP or a full disk leave the directory as it was (or not
     there), with no temp file; SetupInterrupted says which signal stopped it."""
     to = Path(opts.to) if opts.to is not None else default_to(ckpt, opts)
