@@ -101,9 +101,30 @@ def lab_trainer(
         starts=data.starts if aligned else None,
         mask=data.mask if aligned else None,
     )
+    if aligned and data.fill is not None:  # the model reads the filler in place of each answer
+        trainer.batches = FilledBatches(trainer.batches, trainer.tokenizer.encode(data.fill)[0])
     if init is not None and "attention" in trainer.model.capabilities:
         lab_init(trainer.model, init, train_cfg.seed)
     return trainer
+
+
+class FilledBatches:
+    """A task's batches (data.Batches, with its mask) where the model reads `fill` in place of every target
+    token: y is as before, x holds the filler wherever the mask marks a target (Zoology's recall: an answer is
+    never an input). Everything else is the wrapped Batches'."""
+
+    def __init__(self, batches, fill: int):
+        self.inner, self.fill = batches, fill
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_batch(self, split: str, batch_size: int, generator: torch.Generator, device="cpu"):
+        # the targets of x's windows are y's, one token earlier: y[:, p] is a target where x[:, p + 1] holds it
+        x, y = self.inner.get_batch(split, batch_size, generator, "cpu")
+        x = x.clone()
+        x[:, 1:].masked_fill_(y[:, :-1] >= 0, self.fill)
+        return x.to(device), y.to(device)
 
 
 @torch.no_grad()
@@ -134,6 +155,37 @@ def train_model(
     """Train a model on `data` with charlm's trainer (see lab_trainer); returns run_dir."""
     lab_trainer(data, run_dir, model_cfg, train_cfg, init).fit()
     return run_dir
+
+
+@dataclass
+class Plateau:
+    """A budget that ends where held-out accuracy stops rising: every `check` steps the model is scored on
+    held-out lines of its own (not the test lines); training stops at the first check that is not `rise` above
+    the best of the checks more than `patience` checks before it, or at `cap` steps."""
+
+    check: int
+    cap: int
+    patience: int = 3
+    rise: float = 0.01
+
+
+def fit_to_plateau(trainer: Trainer, check: list[list[tasks.Example]], rule: Plateau) -> tuple[int, list[float]]:
+    """Train with `trainer` (its cfg.steps at least rule.cap, a constant rate: a pause changes nothing) under
+    the plateau rule, scored at each check by its mean accuracy over the sets of held-out lines `check` (one a
+    size). Returns (steps trained, the curve)."""
+    from charlm.lab.scoring import accuracy
+
+    curve: list[float] = []
+    step = 0
+    while step < rule.cap:
+        step = min(step + rule.check, rule.cap)
+        trainer.fit(until=step)
+        trainer.model.eval()
+        curve.append(sum(accuracy(trainer.model, trainer.tokenizer, ex) for ex in check) / len(check))
+        trainer.model.train()
+        if len(curve) > rule.patience and max(curve[-rule.patience :]) < max(curve[: -rule.patience]) + rule.rise:
+            break
+    return step, curve
 
 
 def load_run(run_dir: Path, device: str = "cpu") -> checkpoint.Checkpoint:
