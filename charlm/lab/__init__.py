@@ -12,7 +12,7 @@ from pathlib import Path
 from charlm.errors import ConfigError
 from charlm.generate import one_thread
 from charlm.lab.result import LabResult
-from charlm.lab.training import LAB_DIR
+from charlm.lab.training import LAB_DIR, check_runs, release_runs
 from charlm.options import LabConfig
 
 __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
@@ -65,8 +65,10 @@ def run_experiment(
         check_writable(out)  # before any work, as train does: a file, a read-only mount
         lock = RunLock(out, "charlm lab")  # a second lab into the same --out would delete this one's runs
         try:
+            check_runs(out, name)  # a link or another run where this experiment writes: refused before any work
             return module.run(out, seed=s.seed, device=s.device, progress=progress, **extra, **sizes)
         except TrainingInterrupted:  # Ctrl-C: the lab runs saved so far stay; the CLI says "interrupted"
             raise KeyboardInterrupt from None
         finally:
+            release_runs()
             lock.release()

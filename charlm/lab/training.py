@@ -6,6 +6,7 @@ coupling to the trainer and the checkpoint format lives here and nowhere else in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,13 +15,17 @@ import torch
 
 from charlm import checkpoint, files
 from charlm.config import ModelConfig, TrainConfig
+from charlm.errors import ConfigError, UserError
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
 from charlm.models import config_params
+from charlm.runs import LOCK, RunLock
 from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", "last.pt", "best.pt", "metrics.jsonl")
+MARK = "lab.json"  # in every lab run: which lab run it is, so a rerun replaces it and nothing else
+_held: list = []  # the run locks this process holds on lab runs (release_runs)
 TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
 
 
@@ -82,9 +87,9 @@ def lab_trainer(
 ) -> Trainer:
     """A trainer for `data` (kept as run_dir/corpus.txt): a TaskText is learned as posed (windows from its
     examples' starts, loss on its mask), plain text as any corpus. init: how a Transformer's weights are
-    drawn again (lab_init; None: charlm's init). A previous lab run in run_dir is replaced, so a rerun
-    gives the same run."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    drawn again (lab_init; None: charlm's init). Only the lab's own earlier run of this name is replaced (claim),
+    so a rerun gives the same run."""
+    claim(run_dir)
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     corpus = run_dir / "corpus.txt"
@@ -106,6 +111,61 @@ def lab_trainer(
     if init is not None and "attention" in trainer.model.capabilities:
         lab_init(trainer.model, init, train_cfg.seed)
     return trainer
+
+
+def claim(run_dir: Path) -> None:
+    """Make run_dir this lab run's, or refuse with one line: never through a link, never over anything but the
+    lab's own earlier run of the same name (its MARK says so) or an empty directory; then hold the run lock there
+    as train does (runs.RunLock: a training into it meanwhile is refused) until release_runs()."""
+    where = f"{run_dir}"
+    for lock in [lock for lock in _held if lock.out == run_dir]:  # this process's own earlier claim of it
+        _held.remove(lock)
+        lock.release()
+    if run_dir.is_symlink():
+        raise ConfigError(f"{where} is a link: charlm lab never writes through one; remove it or choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{where} is not a directory: move it away or choose another --out")
+    if run_dir.exists() and not _ours(run_dir):
+        raise ConfigError(
+            f"{where} already holds something that is not this lab run's earlier result; charlm lab replaces only "
+            "its own runs: move it away or choose another --out"
+        )
+    _held.append(RunLock(run_dir, "charlm lab"))
+    if not _ours(run_dir):  # between the look and the lock another process wrote there
+        release_runs()
+        raise ConfigError(f"{where} was written to by another process meanwhile: choose another --out")
+    files.atomic_write(run_dir / MARK, lambda f: f.write(json.dumps({"lab_run": run_dir.name}).encode()))
+
+
+def check_runs(out: Path, experiment: str) -> None:
+    """Before any work: refuse (claim's one line) where a run this experiment would write, out/<experiment>-*,
+    is a link or holds something else than the lab's own earlier run."""
+    if not out.is_dir():
+        return
+    for run_dir in sorted(out.glob(f"{experiment}-*")):
+        if run_dir.is_symlink() or not run_dir.is_dir() or not _ours(run_dir):
+            claim(run_dir)  # raises, saying which
+
+
+def _ours(run_dir: Path) -> bool:
+    """Whether run_dir is empty (but for a lock) or the lab's own earlier run of this name."""
+    names = {p.name for p in run_dir.iterdir()} - {LOCK}
+    if not names:
+        return True
+    mark = run_dir / MARK
+    if mark.is_symlink() or not mark.is_file():  # (a FIFO there would hang a read)
+        return False
+    try:
+        mark = json.loads(files.read_bounded(mark, 4096, "lab run record"))
+    except (OSError, ValueError, UserError):
+        return False
+    return isinstance(mark, dict) and mark.get("lab_run") == run_dir.name
+
+
+def release_runs() -> None:
+    """Let go of every lab run this process holds (claim)."""
+    while _held:
+        _held.pop().release()
 
 
 class FilledBatches:
