@@ -43,7 +43,17 @@ def test_lab_alone_lists_every_experiment():
     assert result.exit_code == 0
     for name, summary in EXPERIMENTS.items():
         assert name in result.output and summary[:30] in result.output
-    assert set(EXPERIMENTS) == {"copy", "recall", "capacity", "induction", "cost", "heads", "ablate", "positions"}
+    assert set(EXPERIMENTS) == {
+        "copy",
+        "recall",
+        "capacity",
+        "induction",
+        "cost",
+        "heads",
+        "ablate",
+        "positions",
+        "forgetting",
+    }
 
 
 @pytest.mark.parametrize(

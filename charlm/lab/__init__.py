@@ -26,10 +26,11 @@ EXPERIMENTS = {
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
     "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
+    "forgetting": "LSTMs whose forget gate is free, constant, fixed, chrono-initialised, floored or self-set: text, recall",
 }
 NEEDS_CKPT = ("heads", "ablate")
 # the ones that train models: --seeds K trains K per cell
-SEEDED = ("copy", "recall", "capacity", "induction", "positions")
+SEEDED = ("copy", "recall", "capacity", "induction", "positions", "forgetting")
 
 
 def run_experiment(
