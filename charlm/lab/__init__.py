@@ -26,11 +26,12 @@ EXPERIMENTS = {
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
     "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
+    "width": "recall against model width, both families: where each width stops answering as P grows",
     "forgetting": "LSTMs whose forget gate is free, constant, fixed, chrono-initialised, floored or self-set: text, recall",
 }
 NEEDS_CKPT = ("heads", "ablate")
 # the ones that train models: --seeds K trains K per cell
-SEEDED = ("copy", "recall", "capacity", "induction", "positions", "forgetting")
+SEEDED = ("copy", "recall", "capacity", "induction", "positions", "forgetting", "width")
 
 
 def run_experiment(

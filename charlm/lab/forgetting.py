@@ -52,9 +52,9 @@ DEFAULTS = dict(
     text_chars=200_000,  # the slice learned from; the next text_val characters are scored
     text_val=20_000,
     context=64,
-    text_steps=800,
+    text_steps=500,
     pairs=(2, 4),
-    recall_steps=3000,
+    recall_steps=2000,
     recall_chars=200_000,
     eval_examples=300,
 )
