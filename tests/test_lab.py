@@ -53,6 +53,7 @@ def test_lab_alone_lists_every_experiment():
         "ablate",
         "positions",
         "forgetting",
+        "width",
     }
 
 
