@@ -38,8 +38,12 @@ for i, r0 in enumerate(first["results"]):
             ordered |= {"lowest": s["lowest"], "per_seed": s["per_seed"]}
         if k == "accuracy":
             v = s["accuracy"]
-        elif k == "train_seconds":
+        elif k in ("train_seconds", "cpu_seconds", "steps", "shown"):
             v = statistics.fmean(run["results"][i][k] for run in runs)
+        elif k == "shown_lowest":
+            v = min(run["results"][i][k] for run in runs)
+        elif k == "steps_per_seed":
+            v = [n for run in runs for n in run["results"][i][k]]
         ordered[k] = v
     records.append(record(**ordered))
 settings = {**first["settings"], "seeds": seeds}

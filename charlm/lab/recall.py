@@ -119,9 +119,10 @@ def budget(records: list[dict], s: dict, kind: str) -> str:
     each = f"{min(steps):,}-{max(steps):,}" if min(steps) != max(steps) else f"{steps[0]:,}"
     if rule is None:
         return f"lr {s['lr'][kind]:g}, {each} steps, {r['cpu_seconds']:.0f} CPU-s a seed"
-    capped = sum(n >= rule.cap for n in steps)
+    cap = rule["cap"] if isinstance(rule, dict) else rule.cap  # (a dict: a result read back from --json)
+    capped = sum(n >= cap for n in steps)
     stop = (
-        f"at the cap ({rule.cap:,}) in {capped} of {len(steps)} seeds: no plateau claimed"
+        f"at the cap ({cap:,}) in {capped} of {len(steps)} seeds: no plateau claimed"
         if capped
         else "every seed stopped where its held-out accuracy stopped rising"
     )
