@@ -68,3 +68,16 @@ def test_forgetting_reports_every_arm_on_both_tasks(tmp_path):
             assert 0 <= r["score"] <= 1 and r["no_binding"] == pytest.approx((1 / 2 + 1 / 4) / 2, abs=1e-3)
         assert arm in out.reading
     assert "better than the free gate in every seed" in out.reading
+
+
+def test_forgetting_is_drawn_by_the_cli(tmp_path):
+    """Its arms are names, not a scale: it is drawn as a table and a reading, with no chart (drawing one
+    raised a TypeError)."""
+    from click.testing import CliRunner
+
+    from charlm.cli import main
+
+    args = ["lab", "forgetting", "--quick", "--plain", "--device", "cpu", "--out", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "forget=1" in result.output and "bits/char on held-out text" in result.output

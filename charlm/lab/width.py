@@ -42,7 +42,7 @@ QUICK = dict(
 )
 HOLDS = 0.9  # a width "answers" at P when at least this share of the answers is right
 
-CHART = Chart("pairs", "accuracy", "model", "P (key-value pairs)", "accuracy (mean over seeds)", xlog=True)
+CHART = Chart("pairs", "accuracy", "line", "P (key-value pairs)", "accuracy (mean over seeds)", xlog=True)
 
 
 def model_config(kind: str, width: int, context: int, s: dict) -> ModelConfig:
@@ -93,6 +93,7 @@ def run(out: Path, seed: int = 0, seeds: int = 1, device: str = "cpu", progress=
                 runs.append(str(out / name))
     records = [
         record(
+            line=f"{kind} {width}",  # one line of the chart a model
             model=kind,
             width=width,
             pairs=p,
