@@ -67,7 +67,7 @@ def test_forgetting_reports_every_arm_on_both_tasks(tmp_path):
         else:
             assert 0 <= r["score"] <= 1 and r["no_binding"] == pytest.approx((1 / 2 + 1 / 4) / 2, abs=1e-3)
         assert arm in out.reading
-    assert "better than the free gate in every seed" in out.reading
+    assert "on text, better in every seed" in out.reading and "On recall, better in every seed" in out.reading
 
 
 def test_forgetting_is_drawn_by_the_cli(tmp_path):

@@ -343,9 +343,13 @@ def reading(records: list[dict], s: dict, seeds: list[int]) -> str:
     if K > 1:
         better = [r["arm"] for r in text if r["arm"] != "free" and r["vs_free_high"] < 0]
         worse = [r["arm"] for r in text if r["arm"] != "free" and r["vs_free_low"] > 0]
+        up = [r["arm"] for r in rec if r["arm"] != "free" and r["vs_free_low"] > 0]
+        down = [r["arm"] for r in rec if r["arm"] != "free" and r["vs_free_high"] < 0]
         parts.append(
-            f"On text, better than the free gate in every seed: {', '.join(better) or 'none'}; worse in every seed: "
-            f"{', '.join(worse) or 'none'}; the others within the seeds' spread of it."
+            f"Against the free gate seed by seed — on text, better in every seed: {', '.join(better) or 'none'}; "
+            f"worse in every seed: {', '.join(worse) or 'none'}. On recall, better in every seed: "
+            f"{', '.join(up) or 'none'}; worse in every seed: {', '.join(down) or 'none'}. The others changed "
+            "sign between seeds."
         )
     cpu = {r["arm"]: r["cpu_seconds"] for r in text}
     parts.append(
