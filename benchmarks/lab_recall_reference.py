@@ -38,13 +38,15 @@ bias = "nobias" not in mode
 
 
 def batch(rng: random.Random, n: int):
-    """n fresh examples, one a row from its newline: inputs, targets, and where the answers are."""
+    """n fresh examples, one a row from its newline: inputs (the filler in place of each answer), targets, and
+    where the answers are."""
     ex = [tasks.recall_example(rng, P) for _ in range(n)]
     x = torch.tensor([[stoi[c] for c in "\n" + e.text] for e in ex])
+    read = torch.tensor([[stoi[c] for c in "\n" + e.inputs] for e in ex])
     m = torch.zeros(n, T, dtype=torch.bool)
     for b, e in enumerate(ex):
         m[b, [t + 1 for t in e.targets]] = True
-    return x[:, :-1], x[:, 1:], m[:, 1:]
+    return read[:, :-1], x[:, 1:], m[:, 1:]
 
 
 def norm() -> nn.Module:

@@ -1,4 +1,4 @@
-"""Merge one-seed runs of `charlm lab copy|recall --seed S --json` into the table and reading that
+"""Merge one-seed runs of `charlm lab copy|recall|forgetting|width --seed S --json` into the table and reading that
 `--seeds K` would print (the same records: every seed's value, the mean and the lowest), so the seeds can
 run as separate processes and each finished seed counts. What benchmarks/RESULTS.md ("Lab") quotes for
 the 10-seed figures.
@@ -14,7 +14,7 @@ import statistics
 
 from rich.console import Console
 
-from charlm.lab import copy, recall
+from charlm.lab import copy, forgetting, recall, width
 from charlm.lab.result import LabResult, record, spread
 from charlm.views.lab import render_lab
 
@@ -25,6 +25,40 @@ a = ap.parse_args()
 
 runs = sorted((json.load(open(f)) for f in a.files), key=lambda r: r["settings"]["seeds"][0])
 first = runs[0]
+
+
+def show(result: LabResult) -> None:
+    if a.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        render_lab(Console(width=110, color_system=None), result, color=False)
+
+
+if first["experiment"] in ("forgetting", "width"):  # their records are made from every seed's raw scores
+    seeds = [r["settings"]["seeds"][0] for r in runs]
+    settings = {**first["settings"], "seeds": seeds}
+    if first["experiment"] == "forgetting":
+        raw = [row for r in runs for row in r["details"]["per_seed"]]
+        records = forgetting.summarise(raw, settings)
+        reading = forgetting.reading(records, settings, seeds)
+    else:
+        assert len(runs) == 1, "width: one seed a file, merged by --seeds K instead"
+        records = [{**r, "line": f"{r['model']} {r['width']}"} for r in first["results"]]
+        settings["widths"] = {k: tuple(v) for k, v in settings["widths"].items()}
+        reading = width.reading(records, settings, seeds)
+    module = {"forgetting": forgetting, "width": width}[first["experiment"]]
+    show(
+        LabResult(
+            first["experiment"],
+            settings,
+            records,
+            reading,
+            module.CHART,
+            runs=[run for r in runs for run in r["runs"]],
+            seconds=sum(r["seconds"] for r in runs),
+        )
+    )
+    raise SystemExit(0)
 name, key = first["experiment"], {"copy": "length", "recall": "pairs"}[first["experiment"]]
 seeds = [r["settings"]["seeds"][0] for r in runs]
 records = []
@@ -38,8 +72,12 @@ for i, r0 in enumerate(first["results"]):
             ordered |= {"lowest": s["lowest"], "per_seed": s["per_seed"]}
         if k == "accuracy":
             v = s["accuracy"]
-        elif k == "train_seconds":
+        elif k in ("train_seconds", "cpu_seconds", "steps", "shown"):
             v = statistics.fmean(run["results"][i][k] for run in runs)
+        elif k == "shown_lowest":
+            v = min(run["results"][i][k] for run in runs)
+        elif k == "steps_per_seed":
+            v = [n for run in runs for n in run["results"][i][k]]
         ordered[k] = v
     records.append(record(**ordered))
 settings = {**first["settings"], "seeds": seeds}
@@ -57,7 +95,4 @@ result = LabResult(
     seconds=sum(r["seconds"] for r in runs),
     details=first["details"],
 )
-if a.json:
-    print(json.dumps(result.to_dict(), indent=1))
-else:
-    render_lab(Console(width=110, color_system=None), result, color=False)
+show(result)

@@ -43,7 +43,18 @@ def test_lab_alone_lists_every_experiment():
     assert result.exit_code == 0
     for name, summary in EXPERIMENTS.items():
         assert name in result.output and summary[:30] in result.output
-    assert set(EXPERIMENTS) == {"copy", "recall", "capacity", "induction", "cost", "heads", "ablate", "positions"}
+    assert set(EXPERIMENTS) == {
+        "copy",
+        "recall",
+        "capacity",
+        "induction",
+        "cost",
+        "heads",
+        "ablate",
+        "positions",
+        "forgetting",
+        "width",
+    }
 
 
 @pytest.mark.parametrize(
@@ -198,42 +209,100 @@ def test_cost_recomputation_grows_faster_than_the_cache():
     assert {r["mode"] for r in out["results"]} == {"state", "cache", "recompute", "train step"}
 
 
-def test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach(tmp_path):
+def test_recall_is_posed_as_zoology_poses_it():
+    """Every key asked once, the model reads the filler in place of each answer (never the answer itself), keys
+    and values from disjoint alphabets; the no-binding baseline is 1/P."""
+    import random
 
-    out = lab("recall", out=tmp_path / "runs")
-    records = out["results"]
-    assert out["settings"]["pairs"] == [2, 4, 8]
-    assert {(r["model"], r["pairs"]) for r in records} == {(m, p) for m in ("transformer", "lstm") for p in (2, 4, 8)}
-    assert [Path(run).name for run in out["runs"]] == ["recall-transformer-s0", "recall-lstm-s0"]
-    for r in records:
-        assert 0 <= r["accuracy"] <= 1
-        assert r["no_binding"] == pytest.approx(tasks.recall_no_binding(r["pairs"]), abs=1e-4)
-        assert r["chance"] == pytest.approx(1 / 26, abs=1e-4)
-        assert f"P={r['pairs']} " in out["reading"] and f"(no binding {r['no_binding']:.0%})" in out["reading"]
-    # measured (seeds 0-4): see RESULTS.md. Whatever the LSTM does, the Transformer looks the pairs up: far
-    # above the best answering without binding can do (50%, 29%, 16% at P = 2, 4, 8)
-    for r in records:
-        if r["model"] == "transformer":
-            assert r["accuracy"] >= r["no_binding"] + 0.4
-    assert "above what no binding can reach at every P" in out["reading"]
+    for p in (2, 4, 8, 16):
+        e = tasks.recall_example(random.Random(p), p)
+        pairs, asked = e.text.split(tasks.SEP)
+        keys, values = pairs[0::2], pairs[1::2]
+        assert set(keys) <= set(tasks.KEYS) and set(values) <= set(tasks.VALUES) and len(set(pairs)) == 2 * p
+        assert sorted(asked[0::2]) == sorted(keys)  # every key, once
+        assert all(values[keys.index(k)] == v for k, v in zip(asked[0::2], asked[1::2]))
+        assert [e.text[t] for t in e.targets] == list(asked[1::2])
+        assert e.inputs == pairs + tasks.SEP + "".join(k + tasks.FILL for k in asked[0::2])  # no answer is read
+        assert len(e.text) == tasks.example_length("recall", p)
+        assert tasks.recall_no_binding(p) == 1 / p
+
+
+def test_recall_training_batches_read_the_filler_in_place_of_every_answer(tmp_path):
+    import torch
+
+    from charlm.config import ModelConfig
+    from charlm.lab.training import lab_train_config, lab_trainer
+
+    data = tasks.corpus("recall", (2, 4), 20_000, seed=0, pad=17, heldout=True)
+    cfg = ModelConfig(kind="lstm", vocab_size=tasks.vocab_size("recall"), n_layers=1, d_model=8, context=18)
+    trainer = lab_trainer(data, tmp_path / "run", cfg, lab_train_config(10, 0, "cpu"))
+    x, y = trainer.batches.get_batch("train", 16, torch.Generator().manual_seed(0))
+    fill = trainer.tokenizer.encode(tasks.FILL)[0]
+    answer = y[:, :-1] >= 0  # a target at p: x reads the filler at p + 1
+    assert answer.any() and torch.all(x[:, 1:][answer] == fill)
+    values = set(trainer.tokenizer.encode(tasks.VALUES))
+    assert all(int(v) in values for v in y[y >= 0])  # the targets are the answers
+    assert not any(int(t) in values for t in x[:, 1:][answer])
+
+
+@pytest.fixture(scope="module")
+def recall_results(tmp_path_factory):
+    """recall at quick size, seed 0 (the relations below held on seeds 0 and 1 alike: RESULTS.md, lab recall)."""
+    root = tmp_path_factory.mktemp("recall")
+    return [lab("recall", "--seed", "0", out=root / "s0")]
+
+
+def test_recall_both_families_against_their_baselines(recall_results):
+    for out in recall_results:
+        records = out["results"]
+        seed = out["settings"]["seeds"][0]
+        assert out["settings"]["pairs"] == [2, 4, 8]
+        assert {(r["model"], r["pairs"]) for r in records} == {
+            (m, p) for m in ("transformer", "lstm") for p in (2, 4, 8)
+        }
+        assert [Path(run).name for run in out["runs"]] == [f"recall-transformer-s{seed}", f"recall-lstm-s{seed}"]
+        for r in records:
+            assert r["no_binding"] == pytest.approx(1 / r["pairs"], abs=1e-4)
+            assert r["chance"] == pytest.approx(1 / 26, abs=1e-4)
+            assert f"P={r['pairs']} " in out["reading"] and f"(no binding {r['no_binding']:.0%})" in out["reading"]
+            assert 0 < r["steps"] <= 600 and r["cpu_seconds"] > 0  # the budget each family used is in the table
+        # measured at quick size (seeds 0-1): the Transformer 99-100% at P = 2-8, the LSTM answers with a value
+        # of the line 100% of the time (at its 1/P baseline at 600 steps); no assertion that any model fails
+        for r in records:
+            if r["model"] == "transformer":
+                assert r["accuracy"] >= r["no_binding"] + 0.4
+            else:
+                assert r["shown_lowest"] >= 0.9 and r["accuracy"] >= r["chance"]
+        assert "answers with a value of the line" in out["reading"]
 
 
 def test_recall_reading_says_which_seeds_bind_pairs_at_which_p():
-    """More than BINDS above the no-binding baseline in one seed is binding in that seed, not 'no sign of it'
-    (seed 9's LSTM at default size: 66% at P=2 against 50%)."""
+    """More than BINDS above the no-binding baseline in one seed is binding in that seed, not 'no sign of it';
+    a family that reached its cap is not said to have reached a plateau."""
     from charlm.lab import recall
 
-    def lstm(p, *values):
+    def lstm(p, *values, steps=(2000, 2500)):
         base = tasks.recall_no_binding(p)
-        return {"model": "lstm", "pairs": p, "no_binding": base, "accuracy": sum(values) / 2, "per_seed": list(values)}
+        return {
+            "model": "lstm",
+            "pairs": p,
+            "no_binding": base,
+            "accuracy": sum(values) / 2,
+            "per_seed": list(values),
+            "steps_per_seed": list(steps),
+            "cpu_seconds": 100.0,
+        }
 
     def read(*records):
         return recall.family_reading("The LSTM", list(records), recall.DEFAULTS, "lstm", [3, 9])
 
-    some = read(lstm(2, 0.48, 0.66), lstm(4, 0.30, 0.31))
+    some = read(lstm(2, 0.48, 0.66), lstm(4, 0.24, 0.26))
     assert "binding some pairs, at P=2 in 1 of 2 seeds (9); within 10 points" in some and "no sign" not in some
-    assert "no sign that it binds a single pair" in read(lstm(2, 0.48, 0.55), lstm(4, 0.30, 0.31))
+    assert "every seed stopped where its held-out accuracy stopped rising" in some
+    assert "no sign that it binds a single pair" in read(lstm(2, 0.48, 0.55), lstm(4, 0.24, 0.26))
     assert "at every P, in 2 of 2 seeds: it looks the pairs up" in read(lstm(2, 0.9, 1.0), lstm(4, 0.8, 0.99))
+    capped = read(lstm(2, 0.9, 1.0, steps=(8000, 2500)), lstm(4, 0.8, 0.99, steps=(8000, 2500)))
+    assert "at the cap (8,000) in 1 of 2 seeds: no plateau claimed" in capped
 
 
 def test_a_padded_task_text_holds_one_example_a_window():
@@ -247,7 +316,9 @@ def test_a_padded_task_text_holds_one_example_a_window():
         window = data.text[start : start + 21 + 1]  # the newline before it, 20 characters, the next newline
         assert window[0] == "\n" and window[-1] == "\n" and "\n" not in window[1:].rstrip("\n")
     assert all(data.text[i] in tasks.VALUES for i in np.flatnonzero(data.mask))  # the answers, only them
-    assert data.mask.sum() == sum(line.count(tasks.ASK) for line in lines[1:])  # one target a question
+    # one target a key asked: every key of the line (the half after the separator)
+    assert data.mask.sum() == sum(len(line.rstrip("\n").split(tasks.SEP)[1]) // 2 for line in lines[1:] if line)
+    assert data.fill == tasks.FILL
 
 
 def test_trace_rnn_intervention_clamps_gates_and_zeroes_units():
@@ -308,12 +379,11 @@ def test_capacity_a_larger_state_copies_longer(tmp_path):
     small, large = out["details"]["summary"]
     assert (small["hidden"], large["hidden"]) == (8, 64)
     acc = {(r["hidden"], r["length"]): r["accuracy"] for r in out["results"]}
-    # measured (seeds 0-2): 64 units copy N=1, 2 perfectly; 8 units never reach 90%, and both fall with N
+    # measured (seeds 0-2): 64 units copy N=1, 2 perfectly (no assertion that any model fails: a better small
+    # LSTM must not turn this red)
     assert acc[(64, 1)] >= 0.9 and acc[(64, 2)] >= 0.9 and large["copies_up_to"] >= 2
-    assert small["copies_up_to"] < large["copies_up_to"] and large["bits_copied"] > 3 * small["bits_copied"]
-    assert acc[(64, 16)] < acc[(64, 1)] - 0.3 and acc[(8, 16)] < 0.35
     assert all(r["bits_needed"] == pytest.approx(r["length"] * math.log2(10), abs=1e-3) for r in out["results"])
-    assert "grows with the state" in out["reading"]
+    assert all(f"{h} units:" in out["reading"] for h in (8, 64))
 
 
 def test_induction_reads_a_score_by_its_growth_factor_and_the_loss_in_nats():

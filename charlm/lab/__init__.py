@@ -12,7 +12,7 @@ from pathlib import Path
 from charlm.errors import ConfigError
 from charlm.generate import one_thread
 from charlm.lab.result import LabResult
-from charlm.lab.training import LAB_DIR
+from charlm.lab.training import LAB_DIR, check_runs, release_runs
 from charlm.options import LabConfig
 
 __all__ = ["EXPERIMENTS", "LAB_DIR", "NEEDS_CKPT", "LabResult", "run_experiment"]
@@ -26,10 +26,12 @@ EXPERIMENTS = {
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
     "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
+    "width": "recall against model width, both families: where each width stops answering as P grows",
+    "forgetting": "LSTMs whose forget gate is free, constant, fixed, chrono-initialised, floored or self-set: text, recall",
 }
 NEEDS_CKPT = ("heads", "ablate")
 # the ones that train models: --seeds K trains K per cell
-SEEDED = ("copy", "recall", "capacity", "induction", "positions")
+SEEDED = ("copy", "recall", "capacity", "induction", "positions", "forgetting", "width")
 
 
 def run_experiment(
@@ -65,8 +67,10 @@ def run_experiment(
         check_writable(out)  # before any work, as train does: a file, a read-only mount
         lock = RunLock(out, "charlm lab")  # a second lab into the same --out would delete this one's runs
         try:
+            check_runs(out, name)  # a link or another run where this experiment writes: refused before any work
             return module.run(out, seed=s.seed, device=s.device, progress=progress, **extra, **sizes)
         except TrainingInterrupted:  # Ctrl-C: the lab runs saved so far stay; the CLI says "interrupted"
             raise KeyboardInterrupt from None
         finally:
+            release_runs()
             lock.release()

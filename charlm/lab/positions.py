@@ -20,9 +20,10 @@ Scored, with the perfect copier, the order-blind shortcut and guessing beside ev
               (RoPE's angles, ALiBi's biases and the sinusoidal table are computed for any position; a
               learned table has no rows there: n/a).
   text W      bits per character of fresh text (lines of the training lengths) in windows of W tokens,
-              each from a line's start: the perfect copier pays for the first half of each line and
-              where it ends, nothing for the copy; W past the context asks for positions beyond it
-              with distances already seen.
+              each from a line's start, and its gap to the perfect copier on the same windows (which pays
+              for the first half of each line and where it ends, nothing for the copy, and itself moves
+              with W): the reading quotes the gap; W past the context asks for positions beyond it with
+              distances already seen.
 """
 
 from __future__ import annotations
@@ -320,6 +321,9 @@ def _records(raws: list[dict], s: dict) -> list[dict]:
                     scored=f"text {m * C}",
                     **_spread([b for b, _ in got]),
                     perfect=statistics.fmean(p for _, p in got),
+                    # what the model pays beyond the perfect copier on the same windows: raw bits/char mix in
+                    # the windows' make-up (the perfect copier itself moves with the window)
+                    gap=statistics.fmean(b - p for b, p in got),
                     guessing=math.log2(len(ALPHABET) + 1),
                 )
             )
@@ -402,11 +406,10 @@ def _extrapolation(p: str, at: dict, s: dict) -> str:
             break
         far = n
     copy = ", ".join(f"{at[(p, f'copy N={n}')]['bits']:.2f} at N={n}" for n in s["longer"])
-    inside = at[(p, f"text {C}")]["bits"]
-    text = ", ".join(f"{at[(p, f'text {m * C}')]['bits'] - inside:+.2f} at {m * C}" for m in s["windows"] if m > 1)
+    text = ", ".join(f"{at[(p, f'text {m * C}')]['gap']:+.2f} at {m * C}" for m in s["windows"])
     how = (
         f"copies lines up to N={far} within {PLATEAU} bits"
         if far > hi
         else f"copies no longer line within {PLATEAU} bits"
     )
-    return f"{positions_label(p)} {how} ({copy} bits per copied symbol); on text, {text} bits/char against {C} tokens: {WHY[p]}."
+    return f"{positions_label(p)} {how} ({copy} bits per copied symbol); on text, beyond the perfect copier on the same windows, {text} tokens bits/char: {WHY[p]}."

@@ -13,6 +13,27 @@ import torch.nn.functional as F
 from charlm.lab.tasks import Example
 
 
+def _logits(model, tokenizer, examples: list[Example]):
+    """(group, ids, logits) for each batch of examples: ids the line as written (a newline first), logits[:, p]
+    the model's prediction of ids[:, p + 1] = text[p] from what it read before (Example.inputs)."""
+    device = next(model.parameters()).device
+    for group in _groups(examples):
+        ids = torch.tensor([tokenizer.encode("\n" + e.text) for e in group], device=device)
+        read = torch.tensor([tokenizer.encode("\n" + e.inputs) for e in group], device=device)
+        logits, _ = model(read[:, :-1])
+        yield group, ids, logits.float()
+
+
+@torch.no_grad()
+def answers(model, tokenizer, examples: list[Example]) -> list[str]:
+    """The model's answer (argmax) at every target of each example, as one string an example."""
+    out = []
+    for group, _, logits in _logits(model, tokenizer, examples):
+        for row, e in enumerate(group):
+            out.append(tokenizer.decode(logits[row, e.targets].argmax(-1).tolist()))
+    return out
+
+
 def _groups(examples: list[Example], size: int = 64):
     """Examples in batches of equal length (each one a line: a newline first, as in training)."""
     by_length: dict[int, list[Example]] = {}
@@ -27,16 +48,13 @@ def _groups(examples: list[Example], size: int = 64):
 def scored(model, tokenizer, examples: list[Example]) -> tuple[float, float]:
     """(accuracy, nats): the share of target characters the model predicts exactly (argmax) from everything
     before them in the example, and its mean loss on them (teacher forcing: a right prefix, as greedy
-    decoding has while it makes no mistake)."""
-    device = next(model.parameters()).device
+    decoding has while it makes no mistake; where the task has a filler, the model reads it in place of each
+    target, as in training: Example.inputs)."""
     right = total = 0
     nats = 0.0
-    for group in _groups(examples):
-        ids = torch.tensor([tokenizer.encode("\n" + e.text) for e in group], device=device)
-        logits, _ = model(ids[:, :-1])  # logits[:, p] predicts ids[:, p + 1] = text[p]
-        logits = logits.float()
+    for group, ids, logits in _logits(model, tokenizer, examples):
         for row, e in enumerate(group):
-            t = torch.tensor(e.targets, device=device)
+            t = torch.tensor(e.targets, device=ids.device)
             right += int((logits[row, t].argmax(-1) == ids[row, t + 1]).sum())
             nats += float(F.cross_entropy(logits[row, t], ids[row, t + 1], reduction="sum"))
             total += len(e.targets)

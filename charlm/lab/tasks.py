@@ -2,10 +2,11 @@
 examples to score it on. Each example is one line; the char tokenizer sees a small alphabet.
 
   copy       "dbhaf|dbhaf"      N random symbols, a separator, the same N symbols again
-  recall     "cDaKfQbX?fQ?cD"   P key-value pairs, keys and values from disjoint alphabets (26 of each:
-                                more values than pairs; no key and no value twice in a line), then half
-                                the keys, a random half in a random order, each asked after a '?': its
-                                value follows (Zoology's multi-query recall, Arora et al. 2023)
+  recall     "cDaKfQbX|fQcDbXaK" P key-value pairs, keys and values from disjoint alphabets (26 of each:
+                                more values than pairs; no key and no value twice in a line), a '|', then
+                                every key in a random order, each followed by its value; the model reads a
+                                filler '.' in place of each value ("cDaKfQbX|f.c.b.a."), so no answer is
+                                ever an input (Zoology's multi-query associative recall, Arora et al. 2023)
   induction  "qzkmwqzkmw"       S random letters, then the same S again (no separator: the model must
                                 notice the repeat by content, not by a fixed offset, since S varies)
 
@@ -16,7 +17,9 @@ a model was trained on.
 
 Only some characters of an example are determined by the ones before them (the copied half, each answer,
 the repeat after its first letter): `targets` marks them, and the training text carries a mask of them
-and the offsets where examples begin, so a lab model learns exactly the task as posed (data.Batches).
+and the offsets where examples begin, so a lab model learns exactly the task as posed (data.Batches). A task
+whose targets are not inputs (recall: Example.fill) has its model read the filler in place of each target, in
+training (training.lab_trainer) and in scoring alike (Example.inputs).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ SYMBOLS = "abcdefghij"  # copy's symbols
 KEYS = "abcdefghijklmnopqrstuvwxyz"  # recall's keys
 VALUES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # recall's values: their own alphabet, more of them than pairs
 LETTERS = string.ascii_letters  # induction's tokens: 52 of them, so a letter rarely recurs by chance
-SEP, ASK = "|", "?"
+SEP, FILL = "|", "."  # FILL: what a recall model reads in place of each answer
 TEST_SHARE = 4  # one possible line in this many is held out for testing (held_out)
 
 
@@ -41,6 +44,17 @@ TEST_SHARE = 4  # one possible line in this many is held out for testing (held_o
 class Example:
     text: str  # without the newline that ends it
     targets: list[int]  # positions in text whose character is determined by the ones before it
+    fill: str | None = None  # read in place of each target (its answer is never an input); None: the text itself
+
+    @property
+    def inputs(self) -> str:
+        """The characters the model reads: the text, with the filler in place of each target where there is one."""
+        if self.fill is None:
+            return self.text
+        chars = list(self.text)
+        for t in self.targets:
+            chars[t] = self.fill
+        return "".join(chars)
 
 
 def copy_example(rng: random.Random, n: int) -> Example:
@@ -48,29 +62,23 @@ def copy_example(rng: random.Random, n: int) -> Example:
     return Example(f"{s}{SEP}{s}", list(range(n + 1, 2 * n + 1)))
 
 
-def queries(pairs: int) -> int:
-    """Keys asked in a recall line of P pairs: half of them (at least one), so the last answer is not
-    left over from the others."""
-    return max(1, pairs // 2)
-
-
 def recall_example(rng: random.Random, pairs: int) -> Example:
     keys = rng.sample(KEYS, pairs)
     values = rng.sample(VALUES, pairs)
-    text = "".join(k + v for k, v in zip(keys, values))
+    text = "".join(k + v for k, v in zip(keys, values)) + SEP
     targets = []
-    for q in rng.sample(range(pairs), queries(pairs)):  # a random half of the keys, in a random order
-        text += f"{ASK}{keys[q]}{values[q]}"
+    for q in rng.sample(range(pairs), pairs):  # every key, in a random order
+        text += keys[q] + values[q]
         targets.append(len(text) - 1)
-    return Example(text, targets)
+    return Example(text, targets, fill=FILL)
 
 
 def recall_no_binding(pairs: int) -> float:
     """The best share of recall answers right without binding a key to its value: the values of a line are
-    distinct and paired with its keys at random, so knowing every value shown and every answer given, but
-    not which value stands beside the key asked, the j-th answer (from 0) is one of the P - j values not yet
-    answered, each as likely: right with probability 1 / (P - j) at best (answering by elimination)."""
-    return sum(1 / (pairs - j) for j in range(queries(pairs))) / queries(pairs)
+    distinct and paired with its keys at random, and no answer is ever read back (the model reads the filler in
+    its place), so knowing every value shown but not which stands beside the key asked, each answer is one of
+    the P values, each as likely: right with probability 1 / P at best."""
+    return 1 / pairs
 
 
 def induction_example(rng: random.Random, s: int) -> Example:
@@ -90,7 +98,7 @@ class Task:
 
 TASKS = {
     "copy": Task(copy_example, SYMBOLS + SEP, lambda n: 2 * n + 1),
-    "recall": Task(recall_example, KEYS + VALUES + ASK, lambda p: 2 * p + 3 * queries(p)),
+    "recall": Task(recall_example, KEYS + VALUES + SEP + FILL, lambda p: 4 * p + 1),
     "induction": Task(induction_example, LETTERS, lambda s: 2 * s),
 }
 
@@ -136,6 +144,7 @@ class TaskText:
     text: str
     starts: np.ndarray  # offset of the newline before each example: a training window begins there
     mask: np.ndarray  # one bool per character: True at the targets
+    fill: str | None = None  # what the model reads in place of each target (Example.fill); None: the text itself
 
 
 def corpus(
@@ -155,12 +164,13 @@ def corpus(
     choices = (sizes,) if isinstance(sizes, int) else tuple(sizes)
     lines = [alphabet(task)]
     n = len(lines[0])  # where the next newline goes
-    starts, targets = [], []
+    starts, targets, fill = [], [], None
     while n < chars:
         e = TASKS[task].make(rng, rng.choice(choices) if len(choices) > 1 else choices[0])
         if heldout and held_out(e.text):
             continue
         starts.append(n)
+        fill = e.fill
         targets.extend(n + 1 + t for t in e.targets)
         text = e.text + "\n" * max(0, (pad or 0) - len(e.text))
         lines.append(text)
@@ -168,4 +178,4 @@ def corpus(
     text = "\n".join(lines) + "\n"
     mask = np.zeros(len(text), dtype=bool)
     mask[targets] = True
-    return TaskText(text, np.asarray(starts, dtype=np.int64), mask)
+    return TaskText(text, np.asarray(starts, dtype=np.int64), mask, fill)

@@ -6,6 +6,7 @@ coupling to the trainer and the checkpoint format lives here and nowhere else in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,13 +17,17 @@ from charlm import checkpoint, files
 from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import TARGETS
+from charlm.errors import ConfigError, UserError
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
 from charlm.models import config_params
+from charlm.runs import LOCK, RunLock
 from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", "targets.npy", LAST, BEST, OLD_LAST, OLD_BEST, "metrics.jsonl")  # (an older charlm's too)
+MARK = "lab.json"  # in every lab run: which lab run it is, so a rerun replaces it and nothing else
+_held: list = []  # the run locks this process holds on lab runs (release_runs)
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,9 @@ def lab_trainer(
 ) -> Trainer:
     """A trainer for `data` (kept as run_dir/corpus.txt): a TaskText is learned as posed (windows from its
     examples' starts, loss on its mask), plain text as any corpus. init: how a Transformer's weights are
-    drawn again (lab_init; None: charlm's init). A previous lab run in run_dir is replaced, so a rerun
-    gives the same run."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    drawn again (lab_init; None: charlm's init). Only the lab's own earlier run of this name is replaced (claim),
+    so a rerun gives the same run."""
+    claim(run_dir)
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     corpus = run_dir / "corpus.txt"
@@ -102,9 +107,85 @@ def lab_trainer(
         starts=data.starts if aligned else None,
         mask=data.mask if aligned else None,
     )
+    if aligned and data.fill is not None:  # the model reads the filler in place of each answer
+        trainer.batches = FilledBatches(trainer.batches, trainer.tokenizer.encode(data.fill)[0])
     if init is not None and "attention" in trainer.model.capabilities:
         lab_init(trainer.model, init, train_cfg.seed)
     return trainer
+
+
+def claim(run_dir: Path) -> None:
+    """Make run_dir this lab run's, or refuse with one line: never through a link, never over anything but the
+    lab's own earlier run of the same name (its MARK says so) or an empty directory; then hold the run lock there
+    as train does (runs.RunLock: a training into it meanwhile is refused) until release_runs()."""
+    where = f"{run_dir}"
+    for lock in [lock for lock in _held if lock.out == run_dir]:  # this process's own earlier claim of it
+        _held.remove(lock)
+        lock.release()
+    if run_dir.is_symlink():
+        raise ConfigError(f"{where} is a link: charlm lab never writes through one; remove it or choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{where} is not a directory: move it away or choose another --out")
+    if run_dir.exists() and not _ours(run_dir):
+        raise ConfigError(
+            f"{where} already holds something that is not this lab run's earlier result; charlm lab replaces only "
+            "its own runs: move it away or choose another --out"
+        )
+    _held.append(RunLock(run_dir, "charlm lab"))
+    if not _ours(run_dir):  # between the look and the lock another process wrote there
+        release_runs()
+        raise ConfigError(f"{where} was written to by another process meanwhile: choose another --out")
+    files.atomic_write(run_dir / MARK, lambda f: f.write(json.dumps({"lab_run": run_dir.name}).encode()))
+
+
+def check_runs(out: Path, experiment: str) -> None:
+    """Before any work: refuse (claim's one line) where a run this experiment would write, out/<experiment>-*,
+    is a link or holds something else than the lab's own earlier run."""
+    if not out.is_dir():
+        return
+    for run_dir in sorted(out.glob(f"{experiment}-*")):
+        if run_dir.is_symlink() or not run_dir.is_dir() or not _ours(run_dir):
+            claim(run_dir)  # raises, saying which
+
+
+def _ours(run_dir: Path) -> bool:
+    """Whether run_dir is empty (but for a lock) or the lab's own earlier run of this name."""
+    names = {p.name for p in run_dir.iterdir()} - {LOCK}
+    if not names:
+        return True
+    mark = run_dir / MARK
+    if mark.is_symlink() or not mark.is_file():  # (a FIFO there would hang a read)
+        return False
+    try:
+        mark = json.loads(files.read_bounded(mark, 4096, "lab run record"))
+    except (OSError, ValueError, UserError):
+        return False
+    return isinstance(mark, dict) and mark.get("lab_run") == run_dir.name
+
+
+def release_runs() -> None:
+    """Let go of every lab run this process holds (claim)."""
+    while _held:
+        _held.pop().release()
+
+
+class FilledBatches:
+    """A task's batches (data.Batches, with its mask) where the model reads `fill` in place of every target
+    token: y is as before, x holds the filler wherever the mask marks a target (Zoology's recall: an answer is
+    never an input). Everything else is the wrapped Batches'."""
+
+    def __init__(self, batches, fill: int):
+        self.inner, self.fill = batches, fill
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_batch(self, split: str, batch_size: int, generator: torch.Generator, device="cpu"):
+        # the targets of x's windows are y's, one token earlier: y[:, p] is a target where x[:, p + 1] holds it
+        x, y = self.inner.get_batch(split, batch_size, generator, "cpu")
+        x = x.clone()
+        x[:, 1:].masked_fill_(y[:, :-1] >= 0, self.fill)
+        return x.to(device), y.to(device)
 
 
 @torch.no_grad()
@@ -135,6 +216,37 @@ def train_model(
     """Train a model on `data` with charlm's trainer (see lab_trainer); returns run_dir."""
     lab_trainer(data, run_dir, model_cfg, train_cfg, init).fit()
     return run_dir
+
+
+@dataclass
+class Plateau:
+    """A budget that ends where held-out accuracy stops rising: every `check` steps the model is scored on
+    held-out lines of its own (not the test lines); training stops at the first check that is not `rise` above
+    the best of the checks more than `patience` checks before it, or at `cap` steps."""
+
+    check: int
+    cap: int
+    patience: int = 3
+    rise: float = 0.01
+
+
+def fit_to_plateau(trainer: Trainer, check: list[list[tasks.Example]], rule: Plateau) -> tuple[int, list[float]]:
+    """Train with `trainer` (its cfg.steps at least rule.cap, a constant rate: a pause changes nothing) under
+    the plateau rule, scored at each check by its mean accuracy over the sets of held-out lines `check` (one a
+    size). Returns (steps trained, the curve)."""
+    from charlm.lab.scoring import accuracy
+
+    curve: list[float] = []
+    step = 0
+    while step < rule.cap:
+        step = min(step + rule.check, rule.cap)
+        trainer.fit(until=step)
+        trainer.model.eval()
+        curve.append(sum(accuracy(trainer.model, trainer.tokenizer, ex) for ex in check) / len(check))
+        trainer.model.train()
+        if len(curve) > rule.patience and max(curve[-rule.patience :]) < max(curve[: -rule.patience]) + rule.rise:
+            break
+    return step, curve
 
 
 def load_run(run_dir: Path, device: str = "cpu") -> checkpoint.Checkpoint:

@@ -1,0 +1,36 @@
+"""lab width: every width of both families scored at every P beside 1/P, the budget each used, and a break point
+read as a limit only where the models stopped on a plateau."""
+
+from charlm.lab import width
+from charlm.lab.training import Plateau
+
+
+def test_width_scores_every_width_at_every_p_and_says_where_the_cap_stopped_it(tmp_path):
+    tiny = dict(
+        pairs=(2, 4),
+        widths={"lstm": (8, 16), "transformer": (16,)},
+        plateau={"transformer": Plateau(20, 40), "lstm": Plateau(20, 40)},
+        train_chars=20_000,
+        eval_examples=20,
+    )
+    out = width.run(tmp_path, seed=0, progress=lambda m: None, **tiny)
+    got = {(r["model"], r["width"], r["pairs"]) for r in out.results}
+    assert got == {("lstm", w, p) for w in (8, 16) for p in (2, 4)} | {("transformer", 16, p) for p in (2, 4)}
+    for r in out.results:
+        assert r["no_binding"] == 1 / r["pairs"] and 0 <= r["accuracy"] <= 1
+        assert all(0 < s <= 40 for s in r["steps_per_seed"]) and r["cpu_seconds"] > 0
+    capped = [r for r in out.results if r["capped"]]
+    assert ("at its cap" in out.reading) == bool(capped)
+    if capped:
+        assert "not limits" in out.reading
+
+
+def test_the_break_is_the_largest_p_every_seed_answers():
+    rows = [
+        {"pairs": 2, "lowest": 0.99},
+        {"pairs": 4, "lowest": 0.95},
+        {"pairs": 8, "lowest": 0.5},
+        {"pairs": 16, "lowest": 0.95},
+    ]
+    assert width.holds_up_to(rows) == 4
+    assert width.holds_up_to([{"pairs": 2, "lowest": 0.3}]) == 0
