@@ -268,7 +268,7 @@ def corpus(tmp_path) -> Path:
         (["--seed", str(10**20)], "--seed must be between 0 and 2^63 - 1"),
         (["--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
         (
-            ["--d-model", "16384", "--heads", "16", "--layers", "64", "--context", "256"],
+            ["--d-model", "16384", "--heads", "16", "--layers", "64", "--context", "256", "--batch-size", "16"],
             "this run needs about 4.1 TB of memory (weights and "
             "optimizer 3.3 TB, activations 824.6 GB per process) but cpu has",
         ),
