@@ -488,9 +488,8 @@ def plot(run_dirs, as_json, **flags):
 def lab(name, ckpt, as_json, **flags):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
-    CPU time of one seed at default size on a 2-core AMD EPYC (Zen 4), about the wall time on an idle
-    core (the lab runs torch on one thread); --seeds K takes K times as long: copy 209 s · recall 175 s ·
-    capacity 127 s · induction 39 s · cost 9 s · positions 218 s · heads 2 s · ablate 2 s.
+    At default size an experiment that trains takes minutes of one core a seed (docs/lab.md gives each one's
+    CPU time, with the machine it was measured on); --quick takes seconds; --seeds K takes K times as long.
     """
     from charlm.commands.lab import lab as run_lab
     from charlm.lab import EXPERIMENTS
