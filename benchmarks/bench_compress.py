@@ -1,4 +1,4 @@
-"""Compression and distillation, measured (issue 30; results in benchmarks/RESULTS.md, "Compression").
+"""Compression and distillation, measured (issue 30; results in benchmarks/HISTORY.md, "Compression").
 
     python benchmarks/bench_compress.py load RUN
         # load time through checkpoint.load and tokens/s: the run, and int8/int4/pruned copies of it

@@ -186,8 +186,7 @@ def train(ctx, corpus, **flags):
     Several processes: charlm train CORPUS --nproc N, or torchrun --nproc-per-node N -m charlm train CORPUS."""
     opts = from_flags(options.TrainOptions, flags)
     model_cfg, train_cfg = presets.train_configs(opts.preset or "tiny", flags)  # checked before torch loads
-    from charlm.commands.train import exec_process, resume_command
-    from charlm.commands.train import train as run
+    from charlm.commands import train as training
     from charlm.events import TrainingInterrupted
     from charlm.runtime import pick_device
     from charlm.views.progress import TrainView
@@ -197,7 +196,7 @@ def train(ctx, corpus, **flags):
 
     def launch(cmd: list[str]) -> NoReturn:
         err_console().print(safe(f"launching: {shlex.join(cmd)}", "dim"), soft_wrap=True)
-        exec_process(cmd)
+        training.exec_process(cmd)
 
     typed = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     given = runs.given_settings(typed, opts.preset is not None)
@@ -206,10 +205,10 @@ def train(ctx, corpus, **flags):
     # every rank trains; only rank 0 shows it. soft_wrap: no cuts at 80 columns in a pipe
     view = TrainView(out_console(soft_wrap=True, quiet=int(os.environ.get("RANK", 0)) != 0), corpus=corpus)
     try:
-        result = run(corpus, model_cfg, train_cfg, opts.out, resume=opts.resume, nproc=opts.nproc,
+        result = training.train(corpus, model_cfg, train_cfg, opts.out, resume=opts.resume, nproc=opts.nproc,
                      given=given, on_event=view, launch=launch, argv=sys.argv[1:], settle_signals=_AS_PROGRAM)  # fmt: skip
     except TrainingInterrupted as e:
-        view.interrupted(e, resume_command(corpus, e.out_dir) if e.out_dir else None)
+        view.interrupted(e, training.resume_command(corpus, e.out_dir) if e.out_dir else None)
         if _AS_PROGRAM:  # everything is on disk: end now, not after seconds of tearing torch down
             from charlm.distributed import exit_process
 
@@ -246,7 +245,7 @@ def sample(ckpt, text, as_json, **flags):
     """Continue a prompt with CKPT (a run name, run directory or checkpoint file), streaming plain text to
     stdout (ready for pipes). The prompt: PROMPT, --prompt, --prompt-file or stdin."""
     flags = positional_prompt(text, flags)
-    where, settings, opts = (
+    where, sample_cfg, opts = (
         from_flags(c, flags) for c in (options.PromptOptions, config.SampleConfig, options.SampleOptions)
     )
     with Loading(f"loading {ckpt}"):
@@ -255,14 +254,14 @@ def sample(ckpt, text, as_json, **flags):
         from charlm.generate import Stats
         from charlm.views.chat import print_samples
 
-        samples = generate(ckpt, read_prompt(where), settings, opts)
+        samples = generate(ckpt, read_prompt(where), sample_cfg, opts)
         first = next(samples)  # the model loaded and the prompt read
     if first.streamer.sliding and first.prompt_tokens > first.streamer.context:
         print_notes([f"the prompt is {first.prompt_tokens} tokens: the model sees its last {first.streamer.context}"])
     if as_json:  # each sample whole, with its numbers, once it is done
         found = [{"text": "".join(c.pieces), **c.stats.to_dict()} for c in itertools.chain([first], samples)]
         return print_json({"prompt": first.prompt, "prompt_tokens": first.prompt_tokens,
-                           "settings": settings.to_dict(), "samples": found})  # fmt: skip
+                           "settings": sample_cfg.to_dict(), "samples": found})  # fmt: skip
     done = print_samples(out_console(), itertools.chain([first], samples), opts.echo)
     if opts.stats:
         stats = {**Stats.total(done).to_dict(), "samples": opts.num_samples, "cache": not opts.no_cache}
@@ -285,13 +284,13 @@ def chat_words() -> list[tuple[str, str]]:
 )
 def chat(ckpt, **flags):
     """Talk to CKPT: a REPL that streams each continuation as it is generated (/help inside)."""
-    settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.ChatOptions, flags)
+    sample_cfg, opts = from_flags(config.SampleConfig, flags), from_flags(options.ChatOptions, flags)
     # keys typed while it loads wait for the prompt, never above the banner; a Ctrl-D among them leaves there
     with keys_unechoed(keep_ctrl_d=True):
         with Loading(f"loading {ckpt}"):
             from charlm.commands.chat import open_chat
 
-            session = open_chat(ckpt, settings, opts, console=out_console())
+            session = open_chat(ckpt, sample_cfg, opts, console=out_console())
         session.start()
     session.loop()
 
@@ -383,17 +382,17 @@ def compare(ckpts, as_json, **flags):
 
     When the models' tokens differ (a char and a BPE model), --max-tokens counts characters, so every text is
     as long."""
-    settings, opts = from_flags(config.SampleConfig, flags), from_flags(options.CompareOptions, flags)
+    sample_cfg, opts = from_flags(config.SampleConfig, flags), from_flags(options.CompareOptions, flags)
     if as_json and opts.interactive:
         raise errors.ConfigError("--json prints one run: drop --interactive or --json")
     with Loading(f"loading {len(ckpts)} models") as loading:
         from charlm.commands.compare import CompareSession
-        from charlm.commands.compare import compare as run
+        from charlm.commands.compare import compare as compare_models
         from charlm.views.compare import CompareView
 
         # --json: stdout holds the JSON alone (the bars of --eval stay on stderr)
         view = CompareView(out_console(quiet=as_json), err_console(), before=loading)
-        comparison = run(list(ckpts), settings, opts, view)
+        comparison = compare_models(list(ckpts), sample_cfg, opts, view)
     if opts.interactive:
         CompareSession(comparison, view).run()
     elif as_json:
@@ -412,12 +411,12 @@ def compress(ckpt, as_json, **flags):
 
     try:
         with CompressProgress() as progress:  # drawn now: importing torch is the first slow step
-            from charlm.commands import compress as run
+            from charlm.commands import compress as compressing
 
             if opts.report:
-                rep = run.report(ckpt, opts, progress)
+                rep = compressing.report(ckpt, opts, progress)
             else:
-                done = run.compress(ckpt, opts, progress)
+                done = compressing.compress(ckpt, opts, progress)
     except SetupInterrupted as e:  # (Ctrl-C, SIGTERM, SIGHUP: what was being written is gone, the rest as it was)
         err_console().print("interrupted: nothing written" if not opts.report else "interrupted")
         sys.exit(128 + e.signum)
@@ -489,20 +488,19 @@ def plot(run_dirs, as_json, **flags):
 def lab(name, ckpt, as_json, **flags):
     """Small controlled experiments on the two memories. `charlm lab` lists them; `charlm lab NAME` runs one.
 
-    CPU time of one seed at default size on a 2-core AMD EPYC (Zen 4), about the wall time on an idle
-    core (the lab runs torch on one thread); --seeds K takes K times as long: copy 209 s · recall 175 s ·
-    capacity 127 s · induction 39 s · cost 9 s · positions 218 s · heads 2 s · ablate 2 s.
+    At default size an experiment that trains takes minutes of one core a seed (docs/lab.md gives each one's
+    CPU time, with the machine it was measured on); --quick takes seconds; --seeds K takes K times as long.
     """
-    from charlm.commands.lab import lab as run
+    from charlm.commands.lab import lab as run_lab
     from charlm.lab import EXPERIMENTS
     from charlm.views.lab import render_lab, render_list
 
-    console, settings = out_console(), from_flags(options.LabConfig, flags)
+    console, lab_cfg = out_console(), from_flags(options.LabConfig, flags)
     if name is None:
         return render_list(console, EXPERIMENTS)
     # the progress line lives on stderr and goes away when the experiment ends (none with --json)
     with err_console(quiet=as_json).status(f"lab {name}") as status:
-        done = run(name, settings, ckpt=ckpt, progress=status.update, views=not as_json)
+        done = run_lab(name, lab_cfg, ckpt=ckpt, progress=status.update, views=not as_json)
     if as_json:
         return print_json(done.result.to_dict())
-    render_lab(console, done.result, color=not settings.plain, views=done.views)
+    render_lab(console, done.result, color=not lab_cfg.plain, views=done.views)

@@ -75,6 +75,11 @@ INTERNALS = re.compile(  # a family's layers and weights, by the names only its 
 )
 
 
+# modules that build their own models rather than read a family's: lab forgetting's LSTM arms are nn.LSTM layers
+# with pinned gate rows (experiment models, not a charlm family; no command opens them as one)
+OWN_MODELS = {"lab/forgetting.py"}
+
+
 def test_no_family_internals_outside_models():
     """What is inside a model is asked through its capabilities (models/__init__.py, models/inspect.py): no code
     outside models/ -- the lab, explore and compress included -- names a family's layers, its weights or its
@@ -82,7 +87,7 @@ def test_no_family_internals_outside_models():
     hits = [
         f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
         for p in PACKAGE.rglob("*.py")
-        if unit(p) != "models"
+        if unit(p) != "models" and p.relative_to(PACKAGE).as_posix() not in OWN_MODELS
         for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
         if INTERNALS.search(line)
     ]

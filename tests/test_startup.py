@@ -1,6 +1,6 @@
 """Start-up (issue 19): help, argument errors and the commands that only read files never import torch,
 the part of every command that costs seconds. Checked in a fresh process, by what is in sys.modules after
-the command ran, not by timing it (timings: benchmarks/RESULTS.md, "Start-up")."""
+the command ran, not by timing it (timings: benchmarks/HISTORY.md, "Start-up")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ when it can (batch 1, CPU, float32, eval mode).
 
 Why a second implementation: at chat sizes a token costs ~100 tiny ops, and torch spends 5-10 µs
 dispatching each one against ~1 µs for numpy: streaming at nanoGPT size runs ~7x faster than with
-torch's one-token step (benchmarks/RESULTS.md, "Generation").
+torch's one-token step (benchmarks/HISTORY.md, "Generation").
 The arithmetic is Transformer.forward's (rope as one matrix, ALiBi's bias as a view of one table, RMSNorm's
 scalar in Python floats);
 tests compare the two block by block at every position.

@@ -190,7 +190,7 @@ def gate_rows(cfg: ModelConfig, units) -> torch.Tensor:
 def native_rnn_kernels():
     """PyTorch's own LSTM/GRU kernels instead of oneDNN's inside the block. For one token at a time oneDNN
     carries a fixed cost that dwarfs the step: a 2 × 256 LSTM streams a token in ~1.5 ms with the native
-    kernel against ~4.3 ms (benchmarks/RESULTS.md, "Generation"). Longer inputs (a prompt, training) keep oneDNN."""
+    kernel against ~4.3 ms (benchmarks/HISTORY.md, "Generation"). Longer inputs (a prompt, training) keep oneDNN."""
     enabled = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:
