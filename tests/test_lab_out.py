@@ -31,9 +31,9 @@ def test_a_link_where_a_lab_run_goes_is_refused_and_its_target_kept(tmp_path):
     out.mkdir()
     (out / "recall-transformer-s0").symlink_to(other)
     assert "is a link" in refused(out)
-    assert (other / "best.safetensors").read_bytes() == b"someone else's model" and sorted(p.name for p in other.iterdir()) == [
-        "best.safetensors"
-    ]
+    assert (other / "best.safetensors").read_bytes() == b"someone else's model" and sorted(
+        p.name for p in other.iterdir()
+    ) == ["best.safetensors"]
 
 
 def test_another_run_where_a_lab_run_goes_is_refused_and_kept(tmp_path):
