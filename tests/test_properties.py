@@ -12,6 +12,7 @@ import copy
 import io
 import json
 import math
+import os
 import re
 import string
 import warnings
@@ -36,13 +37,16 @@ from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, param_shapes
 from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json
 
+FUZZ = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", "0"))  # a long fuzzing run: this many examples, fresh seeds
+
 
 def bounded(examples: int):
-    """A few seconds a test, the same examples on every run (CI included), nothing kept between runs."""
+    """A few seconds a test, the same examples on every run (CI included), nothing kept between runs; with
+    CHARLM_HYPOTHESIS_EXAMPLES=N, N examples drawn from --hypothesis-seed (benchmarks/RESULTS.md's fuzzing runs)."""
     return settings(
-        max_examples=examples,
+        max_examples=FUZZ or examples,
         deadline=None,
-        derandomize=True,
+        derandomize=not FUZZ,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
