@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import tiny_train
@@ -66,3 +67,20 @@ def test_the_summary_says_what_other_programs_took(tmp_path, monkeypatch, others
     said = "other programs kept 1.4 of its 2 cores busy, so this run used 0.6 (30% of the machine, torch on 1 thread)"
     assert (said in out) == busy, out
     assert "the CPU was busy" in out if busy else "busy" not in out
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_summary_breaks_the_checkpoints_line_between_names(tmp_path, width):
+    """Found in the tour at 80 columns: the summary's checkpoints row broke inside a file name
+    ('best.safetensor' / 's, last.safetensors'). Each file's name now stays whole on its line."""
+    from charlm.checkpoint import BEST, LAST
+
+    console = Console(file=io.StringIO(), width=width)
+    view = TrainView(console)
+    out_dir = Path("checkpoints/tinyshakespeare-transformer-char")  # as the real run prints it
+    view(Started(out_dir=out_dir, device="cpu", params=1000, model_config=ModelConfig(vocab_size=10),
+                 train_config=tiny_train(5), start_step=0, train_tokens=1000, val_tokens=100, vocab_size=10))  # fmt: skip
+    view.finish(Result(out_dir=out_dir, step=5, stopped="steps", train_seconds=1.0, best_val_loss=1.6116,
+                       best_val_bpc=2.325, last_val_loss=1.6116, params=1000))  # fmt: skip
+    table = console.file.getvalue()
+    assert BEST in table and LAST in table, table

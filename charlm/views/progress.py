@@ -243,7 +243,8 @@ class TrainView:
             table.add_row(
                 "best val loss", f"{result.best_val_loss:.4f} nats/token · {result.best_val_bpc:.3f} bits/char"
             )
-        table.add_row("checkpoints", safe(f"{result.out_dir}/{BEST}, {LAST}"))
+        # (a space before the names: a narrow table breaks the line there, not inside a file name)
+        table.add_row("checkpoints", safe(f"{result.out_dir}/ ({BEST}, {LAST})"))
         self._print(table)
         if busy := self._busy(result) or self._slow(result):
             self._print(Text(busy, style="yellow"))
