@@ -84,3 +84,20 @@ def test_the_summary_breaks_the_checkpoints_line_between_names(tmp_path, width):
                        best_val_bpc=2.325, last_val_loss=1.6116, params=1000))  # fmt: skip
     table = console.file.getvalue()
     assert BEST in table and LAST in table, table
+
+
+def test_no_busy_note_when_the_run_kept_its_usual_speed(tmp_path, monkeypatch):
+    """Found in the tour: beside three niced processes (they give way) a run trained at its quiet speed, yet its
+    summary said it "did fewer steps than this machine can alone". At 0.9x its usual speed or better, no note."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    console = Console(file=io.StringIO(), width=100)
+    view = TrainView(console)
+    view(Started(out_dir=tmp_path, device="cpu", params=1000, model_config=ModelConfig(vocab_size=10),
+                 train_config=tiny_train(50), start_step=0, train_tokens=1000, val_tokens=100, vocab_size=10))  # fmt: skip
+    for step in range(1, 21):
+        view(Stepped(step=step, loss=2.0, lr=1e-3, tokens_per_s=5000.0, elapsed=step / 10, load=0.5,
+                     others=0.8, own=1.2, threads=2))  # fmt: skip
+    view.finish(Result(out_dir=tmp_path, step=20, stopped="steps", train_seconds=2.0, best_val_loss=None,
+                       best_val_bpc=None, last_val_loss=None, params=1000, tokens_per_s=5000.0,
+                       usual_tokens_per_s=5100.0))  # fmt: skip
+    assert "the CPU was busy" not in console.file.getvalue()

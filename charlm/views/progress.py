@@ -274,6 +274,9 @@ class TrainView:
             others, own, threads = (sorted(r)[len(r) // 2] for r in zip(*self.readings))  # medians
             if others < max(0.5, 0.25 * cores):
                 return ""
+            usual, now = result.usual_tokens_per_s, result.tokens_per_s or self.tps
+            if usual and now and now >= 0.9 * usual:  # others ran, but gave way (niced): no steps were lost
+                return ""
             return (
                 f"the CPU was busy: other programs kept {others:.1f} of its {cores} cores busy, so this run used "
                 f"{own:.1f} ({own / cores:.0%} of the machine, torch on {threads} thread{'s' * (threads > 1)}) at "
