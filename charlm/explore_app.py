@@ -210,7 +210,8 @@ class ExploreApp(App):
                 worst = int(np.argmax(k.rise)) + 1
                 label = token_label(self.tokenizer, self.scene.ids[worst])
                 out.append(f"; loss rose most at '{label}'@{worst} (+{k.rise.max():.2f} bits)")
-        for line in (self.message, self.view.note):
+        # while a knock-out's result shows, the view's own note waits (it returns with x or Esc): the line holds 4
+        for line in (self.message, self.view.note if self.knocked is None else None):
             if line:
                 out.append("\n" if out else "")
                 out.append_text(line)

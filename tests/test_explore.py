@@ -716,6 +716,23 @@ def test_no_previous_token_or_induction_head_points_to_lab_runs():
     drive(app, size=(120, 40), then=check)
 
 
+def test_a_knock_out_s_result_is_whole_at_60x20_beside_the_pointer():
+    """Found in the round's walk: at 60 x 20 the knock-out's result and the pointer to lab runs shared the
+    4-line note, and the pointer's end was cut off. The result shows whole; the pointer returns with x off."""
+    app = seeded_app("transformer")
+
+    async def check(app, pilot):
+        await pilot.press("x")
+        await pilot.pause()
+        shown = screen(app)
+        assert "bits/char" in shown and "lossrosemostat" in shown and "Noprevious-token" not in shown
+        await pilot.press("x")
+        await pilot.pause()
+        assert "Noprevious-tokenorinductionheadonthistext" in screen(app)
+
+    drive(app, size=(60, 20), then=check)
+
+
 def test_the_legend_explains_the_grid_and_uses_the_grid_s_names():
     """Issue 37: no H0–H3 header, no legend; the same head was `far` in the grid and `distant` in the detail line."""
     from charlm.explore_views import short_name
