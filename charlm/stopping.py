@@ -5,6 +5,7 @@ with the exceptions that carry a stop through the trainer (SetupInterrupted, Qui
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -104,7 +105,15 @@ class RunSignals:
             self.requested, self.signum, self.stopping, self.over = False, None, False, False
             if threading.current_thread() is threading.main_thread():
                 self.previous = {s: signal.signal(s, self._handle) for s in self.signums}
+            self._unraisable, sys.unraisablehook = sys.unraisablehook, self._quiet_unraisable
         return self
+
+    def _quiet_unraisable(self, unraisable) -> None:
+        """A signal's exception raised where Python cannot raise it (inside a weakref callback of importlib's
+        module locks) is printed as 'Exception ignored … Traceback'; `requested` keeps the signal, and the
+        command checks it (compress does before its one rename), so say nothing."""
+        if not isinstance(unraisable.exc_value, (SetupInterrupted, Quit)):
+            self._unraisable(unraisable)
 
     def __exit__(self, *exc) -> None:
         self.depth -= 1
@@ -113,3 +122,4 @@ class RunSignals:
         for s, previous in self.previous.items():  # None: set outside Python; fall back to the default
             signal.signal(s, signal.SIG_IGN if self.settle else previous if previous is not None else signal.SIG_DFL)
         self.previous = {}
+        sys.unraisablehook = self._unraisable

@@ -223,7 +223,8 @@ def test_names_full_of_markup_and_escapes_reach_the_terminal_harmlessly(tmp_path
     assert_harmless(
         done,
         f"saving to {tmp_path}/out{visible}",
-        f"{tmp_path}/out{visible}/{BEST}",
+        f"{tmp_path}/out{visible}/",  # the summary's checkpoints row: the directory, then (best, last)
+        f"({BEST}, {LAST})",
         f"charlm chat $'{tmp_path}/out{visible}'",
     )
 

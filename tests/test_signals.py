@@ -364,3 +364,26 @@ def test_a_second_ctrl_c_quits_at_once_and_says_what_was_saved(corpus, tmp_path)
         assert "interrupted at step " in stdout and "; nothing saved" in stdout, stdout
         assert "resume with" not in stdout
     print(f"second Ctrl-C: exited in {took:.3f}s")
+
+
+def test_a_signal_raised_where_python_cannot_raise_it_prints_no_traceback(monkeypatch):
+    """Found in this round's suite: a SIGINT landing in importlib's module-lock callback printed 'Exception
+    ignored ... Traceback ... SetupInterrupted' above compress's one-line 'interrupted: nothing written'. Inside
+    RunSignals such an unraisable signal exception is quiet (the signal stays recorded); any other still goes to
+    the hook that was there before, which is back afterwards."""
+    from types import SimpleNamespace
+
+    from charlm.stopping import RunSignals, SetupInterrupted
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+
+    def unraisable(exc):
+        return SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=None, object=None)
+
+    before = sys.unraisablehook
+    with RunSignals(signal.SIGUSR1):
+        sys.unraisablehook(unraisable(SetupInterrupted(signal.SIGINT)))
+        other = ValueError("not a signal")
+        sys.unraisablehook(unraisable(other))
+    assert reported == [other] and sys.unraisablehook is before
