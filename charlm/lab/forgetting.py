@@ -25,7 +25,6 @@ a plain loop here (AdamW, constant rate), not charlm runs: nothing is saved.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
@@ -35,9 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from charlm.data import bits_per_char
 from charlm.lab import tasks
 from charlm.lab.result import Clock, LabResult, pct, record, seeds_of
 from charlm.lab.scoring import accuracy
+from charlm.models.inspect import nats
 
 TEXT = Path(__file__).resolve().parents[2] / "corpora" / "tinyshakespeare.txt"
 ARMS = ("free", "constant", "chrono", "floor", "meta", "forget=1", "input=1", "output=1")
@@ -211,8 +212,7 @@ def text_task(s: dict, seed: int):
 
     @torch.no_grad()
     def score(model) -> float:
-        logits, _ = model(val[:, :-1])
-        return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), val[:, 1:].reshape(-1))) / math.log(2)
+        return bits_per_char(nats(model(val[:, :-1])[0], val))  # one character a token
 
     return tok, batch, score
 

@@ -36,14 +36,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from charlm.config import POSITIONS, ModelConfig
+from charlm.data import bits_per_char
 from charlm.lab.result import Chart, Clock, LabResult, positions_label, record, seeds_of
 from charlm.lab.scoring import scored
 from charlm.lab.tasks import Example, TaskText
 from charlm.lab.training import PYTORCH_INIT, lab_train_config, lab_trainer
 from charlm.models import build_model
+from charlm.models.inspect import nats as inspect_nats
 
 SYMBOLS = string.ascii_letters + string.digits  # 62: a line of up to 62 distinct ones
 SEP = "|"
@@ -146,7 +147,7 @@ def widened(model, context: int):
 def copied_bits(model, tokenizer, lines: list[Example]) -> tuple[float, float]:
     """(bits per copied symbol, share of them right by argmax) on lines each alone from a window's start."""
     accuracy, nats = scored(model, tokenizer, lines)
-    return nats / math.log(2), accuracy
+    return bits_per_char(nats), accuracy
 
 
 @torch.no_grad()
@@ -161,9 +162,8 @@ def window_bits(model, ids: np.ndarray, floor: np.ndarray, starts: np.ndarray, w
             at = s + window
     rows = torch.from_numpy(np.stack([ids[s : s + window + 1] for s in offsets]).astype(np.int64))
     logits, _ = model(rows[:, :-1])
-    nats = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1))
     perfect = np.concatenate([floor[s + 1 : s + window + 1] for s in offsets]).mean()
-    return float(nats) / math.log(2), float(perfect)
+    return bits_per_char(inspect_nats(logits, rows)), float(perfect)  # one character a token
 
 
 # ---- the experiment -----------------------------------------------------------------------------------
