@@ -5,8 +5,10 @@ for a few seconds, alone and beside CPU-bound processes, under each thread/OpenM
     python benchmarks/bench_busy.py --seconds 10 --rounds 5 --spinners 2
 
 A variant is an environment for the worker process (OpenMP reads it when torch loads) and optionally a thread
-count: "charlm" (charlm's defaults: OMP_WAIT_POLICY=PASSIVE, set by charlm/__init__.py, and torch's threads),
-"OMP_WAIT_POLICY=" (empty: GNU OpenMP's own default, spinning, as before issue 40), "threads=1 ...". Each worker prints steps, tokens/s and its CPU-seconds; the summary gives medians and
+count: "charlm" (what the trainer does: GNU OpenMP's default wait policy, spinning, and torch's threads fitted
+every second to the cores other programs leave free, runtime.CpuShare.fitted_threads), "OMP_WAIT_POLICY=PASSIVE"
+(the last round's default: sleeping threads, torch's count), "threads=2 OMP_WAIT_POLICY=" (spinning, torch's 2
+threads, fixed: before issue 40), "threads=1". Each worker prints steps, tokens/s and its CPU-seconds; the summary gives medians and
 each variant's busy/alone ratio (the goal: >= 25 % of the quiet speed beside two spinners on 2 cores).
 """
 
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("OMP_WAIT_POLICY=", "threads=1 OMP_WAIT_POLICY=", "charlm")
+VARIANTS = ("threads=2 OMP_WAIT_POLICY=", "OMP_WAIT_POLICY=PASSIVE", "threads=1", "charlm")
 
 
 def worker(threads: str, seconds: float) -> None:
@@ -36,7 +38,7 @@ def worker(threads: str, seconds: float) -> None:
 
     sizes, train = preset("transformer", "tiny")
     cfg = ModelConfig(**sizes, vocab_size=65)
-    if threads != "auto":
+    if threads not in ("fit", "torch"):
         torch.set_num_threads(int(threads))
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -53,26 +55,32 @@ def worker(threads: str, seconds: float) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    step()
-    t0, c0, n = time.perf_counter(), time.process_time(), 0
-    while time.perf_counter() - t0 < seconds:
+    share = runtime.CpuShare(enabled=threads == "fit")  # "fit": charlm's own choice, as the trainer makes it
+    with share.fitted_threads():
         step()
-        n += 1
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0, n, used = time.perf_counter(), time.process_time(), 0, []
+        while time.perf_counter() - t0 < seconds:
+            step()
+            share.tick()
+            used.append(torch.get_num_threads())
+            n += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = n * x.numel()
-    out = dict(steps=n, tokens_per_s=tokens / wall, cpu_s=cpu, threads=torch.get_num_threads())
+    out = dict(steps=n, tokens_per_s=tokens / wall, cpu_s=cpu, threads=sorted(set(used)))
     out["startup_cpu_s"] = c0 - t_cpu0
     print(json.dumps(out))
 
 
 def run_variant(variant: str, seconds: float) -> dict:
     env = dict(os.environ)
-    threads = "auto"
+    threads = "torch"
     for part in variant.split():
         k, _, v = part.partition("=")
         if k == "threads":
             threads = v
-        elif k != "charlm":
+        elif k == "charlm":
+            threads = "fit"
+        else:
             env[k] = v
     cmd = [sys.executable, __file__, "--worker", threads, "--seconds", str(seconds)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -95,7 +103,7 @@ def main() -> None:
         for where in ("alone", "busy"):
             spinners = []
             if where == "busy":
-                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
+                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass  # bench_busy spinner"]) for _ in range(args.spinners)]
             try:
                 for v in variants:
                     load = os.getloadavg()[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -49,28 +50,83 @@ def cpu_name() -> str:
 
 class CpuShare:
     """How much of the CPU other programs took while this process worked, read every `every` seconds (tick()
-    once per step): `others`, the cores they kept busy, and `own`, the cores this process used, since the
-    reading before. From /proc/stat (all cores' busy time) less this process's own CPU time; None where there is
-    no /proc/stat (macOS, Windows) or before the first reading. The training summary says from them what a busy
-    machine really cost a run (views/progress.py).
+    once per step): `others`, the cores they kept busy; `rivals`, those of them not niced below this process
+    (a niced program gives way); `own`, the cores this process used, since the reading before. From /proc/stat
+    (all cores' busy time) less this process's own CPU time; None where there is no /proc/stat (macOS, Windows)
+    or before the first reading. The training summary says from them what a busy machine cost a run
+    (views/progress.py).
 
-    What keeps a busy CPU from collapsing a run is OpenMP's wait policy, not the thread count: charlm sets
-    OMP_WAIT_POLICY=PASSIVE before torch loads (charlm/__init__.py)."""
+    Inside fitted_threads(), each reading also sets torch's threads to the cores the rivals leave free
+    (threads_for): on a quiet machine torch's own count, whose OpenMP threads spin while they wait for each
+    other (1.6x faster than sleeping ones on the 2-core Xeon); beside CPU-bound programs one thread, which has
+    no partner to wait for (spinning threads wait on a partner the busy CPU has descheduled: 1 step where
+    hundreds were due). Sleeping threads (OMP_WAIT_POLICY=PASSIVE) survive a busy CPU too, but run no faster
+    than one thread on a quiet one (benchmarks/RESULTS.md, "Threads on a busy CPU")."""
 
-    def __init__(self, every: float = 2.0, enabled: bool = True):
-        self.every, self.others, self.own = every, None, None
+    def __init__(self, every: float = 1.0, enabled: bool = True):
+        self.every, self.others, self.rivals, self.own = every, None, None, None
         self.last = _cpu_times() if enabled else None
+        self.fitting: int | None = None  # inside fitted_threads(): the most threads to use
 
     def tick(self) -> None:
         if self.last is None or time.perf_counter() - self.last[0] < self.every:
             return
         now = _cpu_times()
-        wall, busy, own = (b - a for a, b in zip(self.last, now))
+        wall, busy, niced, own = (b - a for a, b in zip(self.last, now))
         self.last, self.own, self.others = now, own / wall, max(0.0, (busy - own) / wall)
+        # this process's own time is counted as niced when it runs niced itself
+        self.rivals = max(0.0, (busy - niced - (own if _nice() <= 0 else 0.0)) / wall)
+        if self.fitting is not None:
+            _set_threads(threads_for(self.rivals, self.fitting))
+
+    @contextmanager
+    def fitted_threads(self):
+        """torch's threads fitted to what other programs leave free while inside; as they were after. The
+        first fit is from the programs runnable right now (/proc/loadavg), before any reading."""
+        before = torch.get_num_threads()
+        if self.last is None:
+            yield
+            return
+        self.fitting = before
+        _set_threads(threads_for(_runnable_others(), before))
+        try:
+            yield
+        finally:
+            self.fitting = None
+            _set_threads(before)
 
 
-def _cpu_times() -> tuple[float, float, float] | None:
-    """(wall clock, seconds all cores were busy, this process's CPU seconds), or None without /proc/stat."""
+def threads_for(rivals: float, most: int) -> int:
+    """torch's threads beside programs keeping `rivals` cores busy: the cores they leave (rounded), at least
+    one and at most `most`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(most, int(cores - rivals + 0.5)))
+
+
+def _set_threads(n: int) -> None:
+    if n != torch.get_num_threads():  # resizing OpenMP's pool costs ~0.5 ms: only on a change
+        torch.set_num_threads(n)
+
+
+def _nice() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return 0
+
+
+def _runnable_others() -> float:
+    """Other tasks runnable at this instant (/proc/loadavg's running count, less this one); 0 where unknown."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return max(0.0, float(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _cpu_times() -> tuple[float, float, float, float] | None:
+    """(wall clock, seconds all cores were busy, of them niced, this process's CPU seconds), or None without
+    /proc/stat."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -78,4 +134,5 @@ def _cpu_times() -> tuple[float, float, float] | None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     t = os.times()
-    return time.perf_counter(), (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    return time.perf_counter(), (sum(fields[:8]) - idle) / tick, fields[1] / tick, t.user + t.system

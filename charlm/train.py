@@ -123,7 +123,8 @@ class Trainer:
         self.speeds: list[float] = []  # tokens/s of each step of the latest fit(): its session
         self.device = pick_device(cfg.device)
         self.dist = distributed.init(self.device)  # under torchrun: join the other ranks
-        # what other programs took of the CPU, for the summary (not under torchrun: the other ranks would count)
+        # what other programs took of the CPU, for the summary and torch's threads (not under torchrun: the other
+        # ranks would count)
         self.cpu_share = CpuShare(enabled=self.device == "cpu" and not self.dist.enabled)
         # model init (DDP then copies rank 0's weights to all) and dropout; rank 0 == a single process
         torch.manual_seed(cfg.seed + self.dist.rank)
@@ -231,7 +232,7 @@ class Trainer:
         seconds_before, session_start = self.train_seconds, time.perf_counter()
         self.speeds = []
         model.train()
-        with self.signals, self.signals.deferring() as signals:
+        with self.signals, self.signals.deferring() as signals, self.cpu_share.fitted_threads():
             self.on_event(
                 Started(
                     out_dir=self.out_dir,
