@@ -22,7 +22,7 @@ def test_width_scores_every_width_at_every_p_and_says_where_the_cap_stopped_it(t
     capped = [r for r in out.results if r["capped"]]
     assert ("at its cap" in out.reading) == bool(capped)
     if capped:
-        assert "not limits" in out.reading
+        assert "what this budget taught" in out.reading
 
 
 def test_the_break_is_the_largest_p_every_seed_answers():

@@ -242,7 +242,7 @@ def reading(records: list[dict], s: dict, seeds: list[int], task: str = "recall"
                 f"{rows[0]['cpu_seconds']:.0f} CPU-s): {each}; answers up to "
                 f"{X + '=' + str(held[width]) if held[width] else 'no ' + X}."
             )
-        capped = any(r["capped"] for r in records if r["model"] == kind)
+        capped = [w for w in held if any(r["capped"] for r in records if r["model"] == kind and r["width"] == w)]
         widths = list(held)
         name = label.split(" ")[0]
         if set(held.values()) == {0}:
@@ -265,9 +265,14 @@ def reading(records: list[dict], s: dict, seeds: list[int], task: str = "recall"
             what[0].upper()
             + what[1:]
             + (
-                "; some widths stopped at their cap, so these are what this budget taught, not limits."
-                if capped
-                else "; every model stopped where its held-out accuracy stopped rising."
+                "; every model stopped where its held-out accuracy stopped rising."
+                if not capped
+                else "; every width stopped at its cap, so these are what this budget taught, not limits."
+                if len(capped) == len(held)
+                else f"; width{'s' if len(capped) > 1 else ''} {', '.join(map(str, capped))} stopped at the cap, so "
+                f"{'its' if len(capped) == 1 else 'their'}"
+                " break is what this budget taught, not a limit; the others stopped where their held-out accuracy"
+                " stopped rising."
             )
         )
     return " ".join(parts)
