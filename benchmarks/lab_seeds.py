@@ -41,19 +41,36 @@ if first["experiment"] in ("forgetting", "width"):  # their records are made fro
         raw = [row for r in runs for row in r["details"]["per_seed"]]
         records = forgetting.summarise(raw, settings)
         reading = forgetting.reading(records, settings, seeds)
-    else:
-        assert len(runs) == 1, "width: one seed a file, merged by --seeds K instead"
-        records = [{**r, "line": f"{r['model']} {r['width']}"} for r in first["results"]]
+    else:  # each seed's record of a model and size holds its own score, steps and CPU-seconds: joined in seed order
+        task = settings.get("task", "recall")
+        size = width.SWEEPS[task].size
+        rows: dict = {}
+        for r in (rec for run in runs for rec in run["results"]):
+            rows.setdefault((r["model"], r["width"], r[size]), []).append(r)
+        records = []
+        for each in rows.values():
+            every = [v for r in each for v in r["per_seed"]]
+            records.append(
+                {
+                    **each[0],
+                    "accuracy": round(statistics.fmean(every), 4),
+                    "lowest": min(every),
+                    "per_seed": every,
+                    "steps_per_seed": [n for r in each for n in r["steps_per_seed"]],
+                    "capped": sum(r["capped"] for r in each),
+                    "cpu_seconds": round(statistics.fmean(r["cpu_seconds"] for r in each), 4),
+                }
+            )
         settings["widths"] = {k: tuple(v) for k, v in settings["widths"].items()}
-        reading = width.reading(records, settings, seeds)
-    module = {"forgetting": forgetting, "width": width}[first["experiment"]]
+        reading = width.reading(records, settings, seeds, task)
+    chart = forgetting.CHART if first["experiment"] == "forgetting" else width.SWEEPS[task].chart
     show(
         LabResult(
             first["experiment"],
             settings,
             records,
             reading,
-            module.CHART,
+            chart,
             runs=[run for r in runs for run in r["runs"]],
             seconds=sum(r["seconds"] for r in runs),
         )

@@ -466,6 +466,7 @@ class Batches:
 
 
 TARGETS = "targets.npy"  # next to a lab run's corpus.txt: its mask (True where the task determines the character)
+READS = "reads.txt"  # beside TARGETS where a lab run's model reads a filler in place of each target: that character
 
 
 def trained_positions(corpus_txt: Path, ids: list[int], tokenizer) -> np.ndarray | None:
@@ -482,6 +483,36 @@ def trained_positions(corpus_txt: Path, ids: list[int], tokenizer) -> np.ndarray
             f"{corpus_txt} as plain text"
         ) from None
     return mask if len(mask) == len(ids) and mask.dtype == bool else None
+
+
+def filler(corpus_txt: Path, tokenizer) -> int | None:
+    """The token a lab run's model reads in place of each of its targets (READS beside its corpus.txt: recall's
+    answers are never an input); None where it reads the text as written (no READS: not such a task, or a run
+    saved before charlm kept it)."""
+    reads = Path(corpus_txt).parent / READS
+    if not reads.exists() or tokenizer.kind != "char":
+        return None
+    try:
+        text = files.read_bounded(reads, 16, "the lab run's filler").decode("utf-8", errors="replace")
+    except files.ReadError as e:
+        raise ConfigError(f"{e}: train the lab run again") from None
+    ids = tokenizer.encode(text, unknown="drop")
+    if len(text) != 1 or len(ids) != 1:
+        raise ConfigError(
+            f"{reads} is damaged (it holds the one character the model reads in place of each answer): train the "
+            "lab run again"
+        )
+    return ids[0]
+
+
+def model_input(ids, mask, fill: int | None):
+    """What a model trained with a filler reads of ids (a list or an array): ids with `fill` wherever mask (bool,
+    aligned with ids) marks a target; ids themselves where fill or mask is None. The one place this is done:
+    the lab trains (training.FilledBatches, forgetting) and scores (lab ablate, explore) through it."""
+    if fill is None or mask is None:
+        return ids
+    out = np.where(np.asarray(mask, dtype=bool), fill, np.asarray(ids))
+    return out.tolist() if isinstance(ids, list) else out
 
 
 def bits_per_char(nats: float, chars_per_token: float = 1.0, *, chars: float | None = None) -> float:

@@ -105,6 +105,9 @@ class LabConfig(Validated):
     )
     out: str | None = flag(None, "Where the lab's models are saved, as normal runs [default: checkpoints/lab].")
     text: str | None = flag(None, "ablate: the text scored [default: the run's corpus.txt].")
+    task: str | None = flag(
+        None, "width: the task measured against width [default: recall].", choices=("recall", "copy")
+    )
     plain: bool = flag(False, "A chart without colours (series told apart by their markers).")
     device: str = device_flag()
 

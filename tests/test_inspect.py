@@ -1,17 +1,18 @@
 """models/inspect.py and the families' capabilities (issue 36): one knock-out, so `charlm explore` and `lab ablate`
-give the same numbers on every kind of run (a lab run scored on its trained positions, an ordinary run, a
-run with heads or units pruned, an int8 one); mean-ablation beside zero-ablation; what a family cannot do
-refused in one line."""
+give the same numbers on every kind of run (a lab run scored on its trained positions, a recall run that reads a
+filler in place of each answer, an ordinary run, a run with heads or units pruned, an int8 one); mean-ablation
+beside zero-ablation; what a family cannot do refused in one line."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from charlm import checkpoint
 from charlm.commands import explore as ex
 from charlm.config import ModelConfig
-from charlm.data import bits_per_char, trained_positions
+from charlm.data import READS, TARGETS, bits_per_char, trained_positions
 from charlm.lab import ablate, heads
 from charlm.models import Part, build_model
 from charlm.models.inspect import knocked, nats, token_nats
@@ -37,14 +38,37 @@ def lab_run(tmp_path_factory):
     return root / "run"
 
 
+def _recall_run(root, kind: str):
+    """A recall lab run (its model reads the filler '.' in place of each answer, as lab recall trains it): 40 steps
+    of P = 2 and 3, one line a window."""
+    from charlm.lab import tasks
+    from charlm.lab.training import lab_trainer
+
+    context = tasks.example_length("recall", 3) + 1
+    data = tasks.corpus("recall", (2, 3), 6000, 0, pad=context - 1, heldout=True)
+    cfg = ModelConfig(kind=kind, vocab_size=tasks.vocab_size("recall"), n_layers=2, d_model=32, n_heads=2,
+                      context=context, dropout=0.0, positions="learned")  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHARLM_CACHE", str(root / "cache"))
+        lab_trainer(data, root / kind, cfg, tiny_train(40)).fit()
+    return root / kind
+
+
 @pytest.fixture(scope="module")
-def runs(view_runs, lab_run, tmp_path_factory):
+def recall_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect-recall")
+    return {kind: _recall_run(root, kind) for kind in ("transformer", "lstm")}
+
+
+@pytest.fixture(scope="module")
+def runs(view_runs, lab_run, recall_runs, tmp_path_factory):
     """Every kind of run: ordinary (Transformer, LSTM, GRU), heads pruned, units pruned, int8; and the lab run."""
     root = tmp_path_factory.mktemp("inspect-runs")
     four = ModelConfig(kind="transformer", n_layers=2, d_model=32, n_heads=4, context=48)  # 3 heads of 8 when pruned
     (root / "four").mkdir()
     tf4 = train_runs(root / "four", VIEW_TEXT, {"tf4": (four, tiny_train(20))})["tf4"]
     made = {"tf": view_runs["tf"], "lstm": view_runs["lstm"], "gru": view_runs["gru"], "lab": lab_run}
+    made |= {"recall": recall_runs["transformer"], "recall-lstm": recall_runs["lstm"]}
     for name, run, flags in (
         ("heads-pruned", tf4, ["--drop-heads", "1"]),
         ("units-pruned", view_runs["lstm"], ["--drop-units", "5"]),
@@ -58,15 +82,17 @@ def runs(view_runs, lab_run, tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "kind", ["lab", "tf", "lstm", "gru", "heads-pruned", "units-pruned", "int8", "gru-int8-pruned"]
+    "kind",
+    ["lab", "recall", "recall-lstm", "tf", "lstm", "gru", "heads-pruned", "units-pruned", "int8", "gru-int8-pruned"],
 )
 def test_explore_and_lab_ablate_knock_out_the_same(runs, kind, tmp_path):
     """Every head (or the units lab ablate zeroes) knocked out in explore changes bits/char by what lab ablate
     says, on the same text: one window (--rows 1); a lab run's first example window, scored on its trained
-    positions. Before: explore used d_model // n_heads as a pruned model's head size, ablate crashed on a
-    pruned LSTM, and explore scored every position of a lab run."""
+    positions (a recall run's reading its filler). Before: explore used d_model // n_heads as a pruned model's
+    head size, ablate crashed on a pruned LSTM, and explore scored every position of a lab run."""
     ck = checkpoint.load(runs[kind])
-    if kind == "lab":
+    lab = kind.startswith(("lab", "recall"))
+    if lab:
         result = ablate.run(str(ck.path), rows=1, units=1)
         body = (ck.path.parent / "corpus.txt").read_text(encoding="utf-8")
         at = body.index("\n")  # the first example's window, as lab ablate reads it
@@ -76,7 +102,8 @@ def test_explore_and_lab_ablate_knock_out_the_same(runs, kind, tmp_path):
         result = ablate.run(str(ck.path), text=str(tmp_path / "t.txt"), rows=1, units=1)
         ids = ck.tokenizer.encode(TEXT)
     scene = ex.scene(ck.model, ck.tokenizer, ids, ex.trained(ck, ids))
-    assert scene.scored == (ex.TRAINED if kind == "lab" else ex.EVERY)
+    assert scene.scored == (ex.TRAINED if lab else ex.EVERY)
+    assert (scene.reads != scene.ids) == kind.startswith("recall")  # the filler read in place of each answer
     assert scene.bpc == pytest.approx(result.settings["baseline_bits_per_char"], abs=2e-4)
     assert max(abs(r["damage"]) for r in result.results) > 2e-3  # knock-outs that change something
     compared = 0
@@ -99,16 +126,65 @@ def test_explore_on_a_lab_run_scores_only_its_trained_positions(runs):
     the run was trained; the same text given as any other scores every position."""
     ck = checkpoint.load(runs["lab"])
     ids = ck.tokenizer.encode(ex.corpus_start(ck))
-    keep = ex.trained(ck, ids)
+    lab = ex.trained(ck, ids)
     mask = trained_positions(ck.path.parent / "corpus.txt", ids, ck.tokenizer)
-    assert keep is not None and keep.tolist() == mask[1:].tolist() and 0 < keep.sum() < len(keep)
-    scene = ex.scene(ck.model, ck.tokenizer, ids, keep)
+    keep = lab.keep
+    assert keep.tolist() == mask[1:].tolist() and 0 < keep.sum() < len(keep) and lab.reads == ids  # copy: no filler
+    scene = ex.scene(ck.model, ck.tokenizer, ids, lab)
     every = ex.scene(ck.model, ck.tokenizer, ids)
     assert (scene.scored, every.scored) == ("trained positions", "every position")
     want = bits_per_char(float(every.nats[keep].sum()), chars=int(keep.sum()))  # one character a token
     assert scene.bpc == pytest.approx(want, rel=1e-6) and scene.bpc != pytest.approx(every.bpc, abs=1e-3)
     nowhere = ck.tokenizer.encode(ex.corpus_start(ck)[:3] * 6)  # the alphabet's first letters, over and over
     assert ex.trained(ck, nowhere) is None and ex.scene(ck.model, ck.tokenizer, nowhere).scored == "every position"
+
+
+def _corpus_lines(run, rows: int):
+    """The first `rows` examples of a recall run's corpus.txt, as the lab's own Examples (targets from its mask)."""
+    from charlm.lab import tasks
+
+    body = (run / "corpus.txt").read_text(encoding="utf-8")
+    mask = np.load(run / TARGETS)
+    out, at = [], 0
+    for n, line in enumerate(body.split("\n")):
+        if n and line:  # the first line is the alphabet; padding is empty lines
+            out.append(tasks.Example(line, [i for i in range(len(line)) if mask[at + i]], tasks.FILL))
+        at += len(line) + 1
+    return out[:rows]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_lab_ablate_scores_a_recall_run_as_the_lab_s_own_scorer_does(recall_runs, kind, tmp_path):
+    """With nothing knocked out, lab ablate's bits/char on a recall run's first lines equal the lab's own scorer's
+    (scoring.scored: each tasks.Example reads its filler, an independent path) on the same lines, and differ from
+    the model reading the answers, which lab ablate did before the run recorded its filler (data.READS). A run
+    saved before that record opens and is scored as before, with a one-line note; a damaged record is one line."""
+    import shutil
+
+    from charlm.errors import ConfigError
+    from charlm.lab import scoring
+
+    rows = 4
+    ck = checkpoint.load(recall_runs[kind])
+    lines = _corpus_lines(recall_runs[kind], rows)
+    assert all(len(e.targets) in (2, 3) and e.inputs.count(".") == len(e.targets) for e in lines)
+    filled = bits_per_char(scoring.scored(ck.model, ck.tokenizer, lines)[1])
+    answers = [type(e)(e.text, e.targets) for e in lines]  # the same lines, the answers read
+    as_read_before = bits_per_char(scoring.scored(ck.model, ck.tokenizer, answers)[1])
+    assert abs(filled - as_read_before) > 5e-3  # the two inputs are told apart
+    result = ablate.run(str(ck.path), rows=rows, units=1)
+    assert result.settings["baseline_bits_per_char"] == pytest.approx(filled, abs=2e-4)
+    assert "saved before" not in result.reading
+
+    old = tmp_path / "old"
+    shutil.copytree(recall_runs[kind], old, ignore=shutil.ignore_patterns("*.lock", "cache"))
+    (old / READS).unlink()
+    result = ablate.run(str(old), rows=rows, units=1)
+    assert result.settings["baseline_bits_per_char"] == pytest.approx(as_read_before, abs=2e-4)
+    assert "saved before charlm kept what its model reads" in result.reading
+    (old / READS).write_text("xy", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is damaged"):
+        ablate.run(str(old), rows=rows, units=1)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import cli, one_line_error
 
 from charlm.cli import main
+from charlm.data import READS
 from charlm.lab import EXPERIMENTS, tasks
 from charlm.lab.heads import score_heads
 
@@ -64,6 +65,7 @@ def test_lab_alone_lists_every_experiment():
         (["heads"], "takes a checkpoint"),
         (["copy", "some/run"], "takes no checkpoint"),
         (["cost", "--seeds", "2"], "--seeds is for the experiments that train models"),
+        (["copy", "--task", "copy"], "--task is for width"),
     ],
 )
 def test_wrong_use_is_one_line(args, message):
@@ -243,6 +245,7 @@ def test_recall_training_batches_read_the_filler_in_place_of_every_answer(tmp_pa
     values = set(trainer.tokenizer.encode(tasks.VALUES))
     assert all(int(v) in values for v in y[y >= 0])  # the targets are the answers
     assert not any(int(t) in values for t in x[:, 1:][answer])
+    assert (tmp_path / "run" / READS).read_text(encoding="utf-8") == tasks.FILL  # what lab ablate and explore feed it
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ through knock_out too.
 
 On a lab run's own corpus (the text explored is the start of its corpus.txt), bits/char count only the
 positions the run was trained to predict (its targets mask), as `lab ablate` scores it: the scene's `scored`
-says which ("trained positions" or "every position").
+says which ("trained positions" or "every position"); and where the run's model was trained reading a filler in
+place of each target (recall), it reads the filler there (data.model_input, as lab ablate feeds it), while the
+text shown is the text itself.
 
 Over ~450 lines on purpose: the two scenes share their predictions (Predicted), their knock-outs and their
 loading, and the explorer asks one module for either.
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from charlm.data import bits_per_char, trained_positions
+from charlm.data import bits_per_char, filler, model_input, trained_positions
 from charlm.errors import ConfigError
 from charlm.models import Part, lacks
 from charlm.models.inspect import common_offset, entropy, knocked, role, token_nats
@@ -141,7 +143,8 @@ class Predicted:
 class AttentionScene(Predicted):
     """A Transformer on a text: every head's attention row of every token, its predictions, its surprisal."""
 
-    ids: list[int]
+    ids: list[int]  # the text shown and predicted
+    reads: list[int]  # what the model reads of it: ids, or a lab run's filled input (Trained)
     start: int  # the text's first token shown (a longer text: its last MAX_TOKENS)
     seen_from: np.ndarray  # (n,) the first token each token sees (its window's start)
     rows: np.ndarray  # (n, layers, heads, context): rows[i, l, h, k] = weight of token i on token seen_from[i] + k
@@ -230,21 +233,24 @@ def head_scores(scene_rows: np.ndarray, seen_from: np.ndarray, ids: list[int]) -
     return out
 
 
-def attention_scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None) -> AttentionScene:
+def attention_scene(
+    model, tokenizer, ids: list[int], keep: np.ndarray | None = None, reads: list[int] | None = None
+) -> AttentionScene:
     start = max(0, len(ids) - MAX_TOKENS)
+    reads = ids[start:] if reads is None else reads[start:]
     ids, keep = ids[start:], keep[start:] if keep is not None else None
     context = model.cfg.context
     seen_from = window_of(len(ids), context)
     was_training = model.training
     model.eval()
     try:
-        rows, logits = _attention_windows(model, ids, seen_from)
+        rows, logits = _attention_windows(model, reads, seen_from)
     finally:
         model.train(was_training)
     nats = token_nats(logits, ids)
     chars = _scored_chars(tokenizer, ids, keep)
-    labels = head_scores(rows, seen_from, ids)
-    return AttentionScene(ids, start, seen_from, rows, logits, nats, labels, chars, context, keep=keep)
+    labels = head_scores(rows, seen_from, reads)  # what the heads do with what they read
+    return AttentionScene(ids, reads, start, seen_from, rows, logits, nats, labels, chars, context, keep=keep)
 
 
 @torch.no_grad()
@@ -280,7 +286,7 @@ def knock_out(model, scene: AttentionScene, layer: int, head: int) -> Knockout:
         with knocked(model, Part(layer, model.PART, (head,))):
             for a in windows(n, context):
                 mine = np.nonzero(scene.seen_from == a)[0]
-                idx = torch.tensor([scene.ids[a : a + context]], dtype=torch.long, device=device)
+                idx = torch.tensor([scene.reads[a : a + context]], dtype=torch.long, device=device)
                 logits[mine] = model(idx)[0][0][mine - a].float().cpu()
     finally:
         model.train(was_training)
@@ -332,7 +338,8 @@ def find_behaviour(query: str) -> str:
 class GateScene(Predicted):
     """An LSTM/GRU on a text: every layer's gates and states at every token, its predictions, its surprisal."""
 
-    ids: list[int]
+    ids: list[int]  # the text shown and predicted
+    reads: list[int]  # what the model reads of it: ids, or a lab run's filled input (Trained)
     start: int  # the trace starts at token `start` of the text, from a fresh state
     kind: str  # "lstm" or "gru"
     traces: list  # probes.LayerTrace per layer; tensors (1, n, hidden)
@@ -450,14 +457,17 @@ def _text_signal(texts: list[str], behaviour: str) -> tuple[np.ndarray, list[str
 
 
 @torch.no_grad()
-def gate_scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None) -> GateScene:
-    start, traces = trace_gates(model, ids, MAX_GATE_TOKENS)
+def gate_scene(
+    model, tokenizer, ids: list[int], keep: np.ndarray | None = None, reads: list[int] | None = None
+) -> GateScene:
+    start, traces = trace_gates(model, ids if reads is None else reads, MAX_GATE_TOKENS)
+    reads = ids[start:] if reads is None else reads[start:]
     ids, keep = ids[start:], keep[start:] if keep is not None else None
-    logits = _read(model, ids)
+    logits = _read(model, reads)
     nats = token_nats(logits, ids)
     texts = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
     chars = _scored_chars(tokenizer, ids, keep)
-    return GateScene(ids, start, model.cfg.kind, traces, logits, nats, chars, texts, keep=keep)
+    return GateScene(ids, reads, start, model.cfg.kind, traces, logits, nats, chars, texts, keep=keep)
 
 
 def _read(model, ids: list[int]) -> torch.Tensor:
@@ -478,7 +488,7 @@ def zero_unit(model, scene: GateScene, layer: int, unit: int) -> Knockout:
     if (layer, unit) in scene.knockouts:
         return scene.knockouts[(layer, unit)]
     with knocked(model, Part(layer, model.PART, (unit,))):
-        logits = _read(model, scene.ids)
+        logits = _read(model, scene.reads)
     return _knocked(scene, layer, unit, token_nats(logits, scene.ids))
 
 
@@ -525,10 +535,19 @@ def corpus_start(ck) -> str:
     )
 
 
-def trained(ck, ids: list[int]) -> np.ndarray | None:
-    """(n - 1,) which targets of ids a lab run was trained to predict, where the text is part of the run's own
-    corpus.txt (its start, explored by default): the run's targets mask at the text's first occurrence there.
-    None otherwise (every position is scored)."""
+@dataclass
+class Trained:
+    """How a lab run was trained on a text of its own corpus: which targets it predicts, and what its model reads."""
+
+    keep: np.ndarray  # (n - 1,) the targets it was trained to predict
+    reads: list[int]  # (n,) the text with the run's filler in place of each target where it has one, else the text
+
+
+def trained(ck, ids: list[int]) -> Trained | None:
+    """Which targets of ids a lab run was trained to predict and what its model reads of them, where the text is
+    part of the run's own corpus.txt (its start, explored by default): the run's targets mask (and filler:
+    data.model_input) at the text's first occurrence there. None otherwise (every position is scored, the text
+    read as it is)."""
     kept = ck.path.parent / "corpus.txt"
     if not kept.is_file() or len(ids) < 2:
         return None
@@ -542,18 +561,20 @@ def trained(ck, ids: list[int]) -> np.ndarray | None:
     mask = trained_positions(kept, before + ids, ck.tokenizer)
     if mask is None or len(before) != at or not mask[at + 1 :].any():
         return None
-    return mask[at + 1 :]
+    return Trained(mask[at + 1 :], model_input(ids, mask[at:], filler(kept, ck.tokenizer)))
 
 
-def scene(model, tokenizer, ids: list[int], keep: np.ndarray | None = None):
-    """Everything the explorer shows of a model on a text (AttentionScene or GateScene); keep (n - 1,): the
-    targets to score (trained(ck, ids) for a lab run's), None: all."""
+def scene(model, tokenizer, ids: list[int], lab: Trained | None = None):
+    """Everything the explorer shows of a model on a text (AttentionScene or GateScene); lab: how a lab run was
+    trained on it (trained(ck, ids): its targets scored, its filled input read), None: every target scored, the
+    text read as it is."""
     if not ids:
         raise ConfigError("there is no text to explore: give one (charlm explore RUN 'some text')")
+    keep, reads = (lab.keep, lab.reads) if lab is not None else (None, None)
     if "attention" in model.capabilities:
-        return attention_scene(model, tokenizer, ids, keep)
+        return attention_scene(model, tokenizer, ids, keep, reads)
     if "gates" in model.capabilities:
-        return gate_scene(model, tokenizer, ids, keep)
+        return gate_scene(model, tokenizer, ids, keep, reads)
     raise ConfigError(f"explore: {lacks(model, 'attention')} and no gates to trace")
 
 

@@ -26,12 +26,13 @@ EXPERIMENTS = {
     "heads": "CKPT: score every attention head (previous-token, induction, distance, entropy) and name them",
     "ablate": "CKPT: clamp an LSTM/GRU gate or knock out one attention head at a time; bits/char lost",
     "positions": "RoPE, ALiBi, NoPE, learned, sinusoidal: copying and bits/char inside and beyond the context",
-    "width": "recall against model width, both families: where each width stops answering as P grows",
+    "width": "recall (or --task copy) against model width, both families: where each width stops answering",
     "forgetting": "LSTMs whose forget gate is free, constant, fixed, chrono-initialised, floored or self-set: text, recall",
 }
 NEEDS_CKPT = ("heads", "ablate")
 # the ones that train models: --seeds K trains K per cell
 SEEDED = ("copy", "recall", "capacity", "induction", "positions", "forgetting", "width")
+TASKED = ("width",)  # the ones --task chooses the task of
 
 
 def run_experiment(
@@ -54,12 +55,15 @@ def run_experiment(
         )
     if s.seeds != 1 and name not in SEEDED:
         raise ConfigError(f"--seeds is for the experiments that train models ({', '.join(SEEDED)}), not {name}")
+    if s.task is not None and name not in TASKED:
+        raise ConfigError(f"--task is for {', '.join(TASKED)} (the task measured against width), not {name}")
     module = importlib.import_module(f"charlm.lab.{name}")
     sizes = module.QUICK if s.quick else {}
     with one_thread():  # lab models are small: a second thread only waits, the more so on a busy CPU
         if name in NEEDS_CKPT:
             return module.run(ckpt, seed=s.seed, text=s.text, progress=progress, **sizes)
         extra = {"seeds": s.seeds} if name in SEEDED else {}
+        extra |= {"task": s.task} if s.task is not None else {}
         out = Path(s.out) if s.out else LAB_DIR
         from charlm.events import TrainingInterrupted
         from charlm.runs import RunLock, check_writable

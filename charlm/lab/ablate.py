@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from charlm.data import bits_per_char, trained_positions
+from charlm.data import bits_per_char, filler, model_input, trained_positions
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
+from charlm.lab import tasks
 from charlm.lab.result import Chart, Clock, LabResult, record
 from charlm.lab.training import load_run
 from charlm.models import Part, lacks
@@ -30,14 +31,21 @@ QUICK = dict(max_chars=1024, rows=4, units=4)
 @dataclass
 class Scored:
     """The text an ablation scores: its tokens, where they come from, and for a lab run the positions its task
-    determines (mask) and where its examples begin (starts): scored as the run was trained, nothing else."""
+    determines (mask), where its examples begin (starts) and what its model reads (reads: the filler in place of
+    each target where it was trained so, data.model_input): scored as the run was trained, nothing else."""
 
     ids: list[int]
     source: str
     mask: np.ndarray | None = None
     starts: list[int] | None = None
+    reads: list[int] | None = None  # None: ids
+    note: str | None = None  # what the reading must say of how it was scored (an older recall run)
 
 
+OLD = (  # a recall run saved before charlm kept its filler (data.READS): nothing says what its model read
+    "This recall run was saved before charlm kept what its model reads, so it is scored reading each answer where "
+    "it was trained on a filler: train it again to score it as it was trained."
+)
 CHART = Chart("rank", "damage", None, "rank (most damaging first)", "bits/char lost")  # how its records are drawn
 
 
@@ -52,10 +60,15 @@ def _ids(ck, text: str | None, max_chars: int) -> Scored:
         ids = _encode(ck, kept, max_chars)
         mask = trained_positions(kept, ids, ck.tokenizer)  # a lab run's
         if mask is not None:
-            newline = ck.tokenizer.encode("\n")
-            starts = [i for i, t in enumerate(ids) if [t] == newline]
+            (newline,) = ck.tokenizer.encode("\n")  # an example starts after one (not after a padding newline)
+            starts = [i for i in range(len(ids) - 1) if ids[i] == newline != ids[i + 1]]
             if starts:
-                return Scored(ids, f"{kept} (the characters its task determines)", mask, starts)
+                fill = filler(kept, ck.tokenizer)
+                old = fill is None and ck.tokenizer.decode(ids[: starts[0]]) == tasks.alphabet("recall")
+                reads = model_input(ids, mask, fill)
+                return Scored(
+                    ids, f"{kept} (the characters its task determines)", mask, starts, reads, OLD if old else None
+                )
         return Scored(ids, str(kept))
     val, why = validation_part(ck)
     if why is None:
@@ -83,10 +96,12 @@ def _encode(ck, path: Path, max_chars: int) -> list[int]:
     return ck.tokenizer.encode(body[:max_chars], unknown="drop")
 
 
-def _rows(text: Scored, rows: int, context: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The text cut into `rows` windows of equal length (at most context + 1 tokens each), and which of their
-    targets are scored (None: all). A lab run's windows begin where its examples do, as in training."""
+def _rows(text: Scored, rows: int, context: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The text cut into `rows` windows of equal length (at most context + 1 tokens each), which of their
+    targets are scored (None: all), and what the model reads of them (the same windows of text.reads). A lab
+    run's windows begin where its examples do, as in training."""
     ids = text.ids
+    reads = ids if text.reads is None else text.reads
     if text.mask is not None:
         T = context + 1
         starts = [i for i in text.starts if i + T <= len(ids)][:rows]
@@ -94,11 +109,12 @@ def _rows(text: Scored, rows: int, context: int) -> tuple[torch.Tensor, torch.Te
             x = torch.tensor(np.stack([ids[i : i + T] for i in starts]))
             keep = torch.from_numpy(np.stack([text.mask[i + 1 : i + T] for i in starts]))
             if keep.any():
-                return x, keep
+                return x, keep, torch.tensor(np.stack([reads[i : i + T] for i in starts]))
     T = min(context + 1, len(ids) // rows)
     if T < 2:
         raise ConfigError(f"the text is too short to score: {len(ids)} tokens for {rows} windows")
-    return torch.tensor(np.asarray(ids[: rows * T]).reshape(rows, T)), None
+    x = torch.tensor(np.asarray(ids[: rows * T]).reshape(rows, T))
+    return x, None, x
 
 
 @torch.no_grad()
@@ -112,7 +128,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
         raise ConfigError(f"lab ablate: {lacks(model, 'knock_out')}")
     units = model.PART == "unit"
     # a unit family reads each window from a fresh state, as the transformer reads its context: the same windows
-    x, keep = _rows(scored, s["rows"], cfg.context if not units or scored.mask is not None else 256)
+    x, keep, read = _rows(scored, s["rows"], cfg.context if not units or scored.mask is not None else 256)
     targets = x[:, 1:] if keep is None else x[:, 1:][keep]
     chars = len(ck.tokenizer.decode(targets.reshape(-1).tolist()))
     tokens = targets.numel()
@@ -120,7 +136,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
     def bpc(value: float) -> float:
         return bits_per_char(value * tokens, chars=chars)
 
-    base = bpc(nats(model(x[:, :-1])[0], x, keep))
+    base = bpc(nats(model(read[:, :-1])[0], x, keep))
     records = []
 
     def add(part: Part, label: str, value: float, lost: float, **more) -> None:
@@ -129,18 +145,18 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
         )
 
     if not units:
-        for part, lost in knockouts(model, x, keep, each_part(model)):
+        for part, lost in knockouts(model, x, keep, each_part(model), reads=read):
             add(part, f"head {part.which[0]}", 0.0, lost)
     else:
         gen = np.random.default_rng(seed)
         n = model.parts(cfg)
-        traces = model.trace(x[:, :-1]) if "gates" in model.capabilities else None
+        traces = model.trace(read[:, :-1]) if "gates" in model.capabilities else None
         for layer in range(cfg.n_layers):
             progress(f"ablating layer {layer} of {cfg.n_layers}")
             for name in traces[layer].gates if traces else ():
                 for value in (0.0, 1.0):
                     with knocked(model, part := Part(layer, "gate", gate=name, value=value)):
-                        add(part, name, value, nats(model(x[:, :-1])[0], x, keep))
+                        add(part, name, value, nats(model(read[:, :-1])[0], x, keep))
             chosen = {f"{s['units']} random units": [int(u) for u in gen.choice(n, min(s["units"], n), replace=False)]}
             if traces:  # the units whose output varies most (what the gate viewer shows first)
                 spread = traces[layer].h.reshape(-1, n).std(dim=0).numpy()
@@ -148,7 +164,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
                     int(u) for u in np.argsort(-spread, kind="stable")[: s["units"]]
                 ]
             for label, picked in sorted(chosen.items()):
-                ((part, lost),) = knockouts(model, x, keep, [Part(layer, model.PART, tuple(picked))])
+                ((part, lost),) = knockouts(model, x, keep, [Part(layer, model.PART, tuple(picked))], reads=read)
                 add(part, label, 0.0, lost, units=list(picked))
     records.sort(key=lambda r: -r["damage"])
     for rank, r in enumerate(records, 1):
@@ -166,7 +182,7 @@ def run(ckpt: str, seed: int = 0, text: str | None = None, progress=print, **set
         "ablate",
         settings_out,
         records,
-        reading(records, base, cfg.kind),
+        " ".join(filter(None, [reading(records, base, cfg.kind), scored.note])),
         CHART,
         seconds=clock(),
     )

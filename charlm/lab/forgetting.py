@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from charlm.data import bits_per_char
+from charlm.data import bits_per_char, model_input
 from charlm.lab import tasks
 from charlm.lab.result import Clock, LabResult, pct, record, seeds_of
 from charlm.lab.scoring import accuracy
@@ -225,8 +225,7 @@ def recall_task(s: dict, seed: int):
     data = tasks.corpus("recall", P, s["recall_chars"], seed + 50_000, pad=T - 1, heldout=True)
     tok = Chars(tasks.alphabet("recall"))
     ids = np.asarray(tok.encode(data.text))
-    x_ids = ids.copy()
-    x_ids[data.mask] = tok.encode(data.fill)[0]  # the model reads the filler where each answer stands
+    x_ids = model_input(ids, data.mask, tok.encode(data.fill)[0])  # the filler where each answer stands
     y_ids = np.where(data.mask, ids, -1)
     starts = data.starts[data.starts + T + 1 <= len(ids)]
     gen = torch.Generator().manual_seed(seed)

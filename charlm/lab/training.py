@@ -16,7 +16,7 @@ import torch
 from charlm import checkpoint, files
 from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.config import ModelConfig, TrainConfig
-from charlm.data import TARGETS
+from charlm.data import READS, TARGETS, model_input
 from charlm.errors import ConfigError, UserError
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
@@ -25,7 +25,7 @@ from charlm.runs import LOCK, RunLock
 from charlm.train import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
-RUN_FILES = ("corpus.txt", "targets.npy", LAST, BEST, OLD_LAST, OLD_BEST, "metrics.jsonl")  # (an older charlm's too)
+RUN_FILES = ("corpus.txt", TARGETS, READS, LAST, BEST, OLD_LAST, OLD_BEST, "metrics.jsonl")  # (an older charlm's too)
 MARK = "lab.json"  # in every lab run: which lab run it is, so a rerun replaces it and nothing else
 _held: list = []  # the run locks this process holds on lab runs (release_runs)
 
@@ -97,8 +97,10 @@ def lab_trainer(
     aligned = isinstance(data, TaskText)
     text = (data.text if aligned else data).encode("utf-8")
     files.atomic_write(corpus, lambda f: f.write(text))  # (never through a link or onto a special file)
-    if aligned:  # so that what reads the run later (lab ablate) scores the task as it was posed
+    if aligned:  # so that what reads the run later (lab ablate, explore) scores the task as it was posed
         files.atomic_write(run_dir / TARGETS, lambda f: np.save(f, data.mask))
+    if aligned and data.fill is not None:  # and feeds the model what it was trained to read (data.filler)
+        files.atomic_write(run_dir / READS, lambda f: f.write(data.fill.encode("utf-8")))
     trainer = Trainer(
         corpus,
         model_cfg,
@@ -183,8 +185,9 @@ class FilledBatches:
     def get_batch(self, split: str, batch_size: int, generator: torch.Generator, device="cpu"):
         # the targets of x's windows are y's, one token earlier: y[:, p] is a target where x[:, p + 1] holds it
         x, y = self.inner.get_batch(split, batch_size, generator, "cpu")
-        x = x.clone()
-        x[:, 1:].masked_fill_(y[:, :-1] >= 0, self.fill)
+        targets = torch.zeros_like(x, dtype=torch.bool)
+        targets[:, 1:] = y[:, :-1] >= 0
+        x = torch.from_numpy(model_input(x.numpy(), targets.numpy(), self.fill))
         return x.to(device), y.to(device)
 
 

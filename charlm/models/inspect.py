@@ -5,7 +5,8 @@
   nats(logits, ids, keep)            nats per scored target (keep: the positions a run was trained to predict)
   token_nats(logits, ids)            each target's nats, for one text
   knocked(model, part, mode)         model(idx) with a part taken out (the family's knock_out)
-  knockouts(model, ids, ...)         (part, nats) with each part (or those given) taken out alone
+  knockouts(model, ids, ...)         (part, nats) with each part (or those given) taken out alone (reads: what
+                                     the model reads where that is not ids, a lab run's filled input)
   each_part(model), whole_layer(...)  the parts to knock out
   entropy(w), offset_profile(w)      attention statistics of a head's rows: bits, weight d tokens back
   role(...)                          a head's name from its scores (previous-token, induction, ...)
@@ -69,14 +70,21 @@ def knocked(model, part: Part, mode: str = "zero"):
 
 @torch.no_grad()
 def knockouts(
-    model, ids: torch.Tensor, keep: torch.Tensor | None = None, parts: list[Part] | None = None, mode: str = "zero"
+    model,
+    ids: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    parts: list[Part] | None = None,
+    mode: str = "zero",
+    reads: torch.Tensor | None = None,
 ) -> list[tuple[Part, float]]:
     """(part, nats per scored target) with each part taken out alone; ids (B, T + 1), keep (B, T) the targets
-    scored (None: all); parts: every part (each_part) by default."""
+    scored (None: all); parts: every part (each_part) by default; reads (B, T + 1): what the model reads where
+    that is not ids (a lab run trained with a filler in place of each target: data.model_input), None: ids."""
+    read = (ids if reads is None else reads)[:, :-1]
     out = []
     for part in each_part(model) if parts is None else parts:
         with knocked(model, part, mode):
-            out.append((part, nats(model(ids[:, :-1])[0], ids, keep)))
+            out.append((part, nats(model(read)[0], ids, keep)))
     return out
 
 
