@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from charlm.config import SampleConfig
+from charlm.models import compiled_decode
+from charlm.models.compiled_decode import CompiledDecoder
 from charlm.models.fast_decode import FastDecoder
 from charlm.models.fast_rnn import FastRNN
 
@@ -187,11 +189,14 @@ class Streamer:
     to it, whose keys were computed from windows of their own. With two layers or more, what a token
     sees therefore reaches further back than one window, and text past the context differs from what
     use_cache=False writes: that recomputes the window for every token (nanoGPT's generate), to show
-    what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy.
+    what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy; compiled=False
+    runs a Transformer's in numpy (models/fast_decode.py), never in the compiled step (models/compiled_decode.py),
+    which otherwise takes over as soon as it has compiled.
     """
 
-    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True):
+    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True, compiled: bool = True):
         self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
+        self.compiled = compiled and fast_decode
         self.context = model.cfg.context  # an RNN is trained on windows of it too (its repetition penalty's reach)
         self.sliding = model.window is not None  # an RNN's state has no length limit
         self.rolling = model.rolling_cache
@@ -247,13 +252,18 @@ class Streamer:
 
     def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
         if len(tokens) == 1 and self.fast_decode:
-            if self.fast is None or not self.fast.current():
-                step = next((kind for kind in (FastDecoder, FastRNN) if kind.supports(self.model)), None)
+            if self.fast is None or not self.fast.current() or self._upgrade():
+                kinds = (CompiledDecoder, FastDecoder, FastRNN) if self.compiled else (FastDecoder, FastRNN)
+                step = next((kind for kind in kinds if kind.supports(self.model)), None)
                 self.fast = step(self.model, self.cache) if step is not None else None
             if self.fast is not None:
                 return self.fast.step_np(tokens[0])
         with torch.inference_mode():
             return self.model.decode(tokens, self.cache)
+
+    def _upgrade(self) -> bool:
+        # the numpy step stands in while the compiled one compiles (a background thread): swap when it is ready
+        return self.compiled and isinstance(self.fast, FastDecoder) and compiled_decode.ready()
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None

@@ -1,0 +1,150 @@
+"""The compiled one-token step of models/compiled_decode.py (numba, imported by it on first use only).
+
+One function for the whole step: embedding (+ positions), every block (RMSNorm, q/k/v, RoPE, attention over the
+KV cache with ALiBi's bias, the output projection, RMSNorm, the ReLU² MLP), the final norm and the head. Each
+matrix is (layers, rows, cols), its values uint16 (bf16 bits) or int8, times a float32 scale per row; a value
+is widened to float32 as it is read (_f32), and every sum is float32. Transformer.forward's arithmetic, in its
+order except that the query is scaled before the dot products, as models/fast_decode.py does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+# reassociation and contraction let LLVM vectorise the sums; no "nnan"/"ninf": nothing infinite is ever made,
+# and the step must not assume it
+FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@intrinsic
+def _f32(typingctx, v):
+    """A stored value as float32: int8 converted, uint16 taken as the top half of a float32 (bf16), float32 as
+    it is (the tests' exact reference storage)."""
+    if not (v == types.float32 or isinstance(v, types.Integer) and v.bitwidth in (8, 16)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        (x,) = args
+        if v == types.float32:
+            return x
+        if v.bitwidth == 8:
+            return builder.sitofp(x, ir.FloatType())
+        wide = builder.shl(builder.zext(x, ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(v), codegen
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
+def _matvec(W, s, x, out):
+    # out = (W * s[:, None]) @ x, one row at a time: W's rows are read once, in order
+    n = x.shape[0]
+    for i in range(W.shape[0]):
+        acc = np.float32(0.0)
+        for j in range(n):
+            acc += _f32(W[i, j]) * x[j]
+        out[i] = acc * s[i]
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
+def _rmsnorm(x, w, eps, out):
+    n = x.shape[0]
+    ss = np.float32(0.0)
+    for j in range(n):
+        ss += x[j] * x[j]
+    r = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + eps))
+    for j in range(n):
+        out[j] = x[j] * r * w[j]
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
+def _rope(v, cos, sin):
+    # apply_rope on one head's channels (hs,) in place: pairs (i, half + i) turned by the position's angle
+    half = cos.shape[0]
+    for i in range(half):
+        a, b = v[i], v[half + i]
+        v[i] = a * cos[i] - b * sin[i]
+        v[half + i] = a * sin[i] + b * cos[i]
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy")
+def step(
+    token, pos, slots, emb, pos_row, norms, eps,
+    qkv, qkv_s, proj, proj_s, fc, fc_s, fcp, fcp_s, head, head_s,
+    K, V, cos, sin, use_rope, slopes, use_alibi, scale, scratch, trace, do_trace, logits,
+):  # fmt: skip
+    """Logits (vocab,) into `logits` for `token` at position pos; its keys and values into slot pos % slots of
+    K, V (layers, heads, slots, hs). scratch: (4, 3A + H + C + slots) float32; trace: (2 layers, C) residuals."""
+    L, nh, _, hs = K.shape
+    C = emb.shape[1]
+    A = nh * hs
+    H = fc.shape[1]
+    x = scratch[0, :C]
+    y = scratch[0, C : C + A]
+    xn = scratch[1, :C]
+    out = scratch[1, C : 2 * C]
+    q = scratch[2, : 3 * A]
+    h = scratch[3, :H]
+    att = scratch[3, H : H + slots]
+    slot = pos % slots
+    n_keys = min(pos + 1, slots)
+    for j in range(C):
+        x[j] = emb[token, j] + pos_row[j]
+    for l in range(L):
+        _rmsnorm(x, norms[2 * l], eps[2 * l], xn)
+        _matvec(qkv[l], qkv_s[l], xn, q)  # q, k, v: (3, nh, hs)
+        for hd in range(nh):
+            qh = q[hd * hs : (hd + 1) * hs]
+            kh = q[A + hd * hs : A + (hd + 1) * hs]
+            if use_rope:
+                _rope(qh, cos, sin)
+                _rope(kh, cos, sin)
+            for i in range(hs):
+                K[l, hd, slot, i] = kh[i]
+                V[l, hd, slot, i] = q[2 * A + hd * hs + i]
+            for i in range(hs):
+                qh[i] *= scale
+            top = np.float32(-3.0e38)
+            for t in range(n_keys):  # keys in ring order once a rolling cache wrapped: the sum does not mind
+                acc = np.float32(0.0)
+                for i in range(hs):
+                    acc += qh[i] * K[l, hd, t, i]
+                if use_alibi:
+                    acc += -(slopes[hd] * np.float32((pos - t) % slots))
+                att[t] = acc
+                top = max(top, acc)
+            total = np.float32(0.0)
+            for t in range(n_keys):
+                e = np.float32(math.exp(att[t] - top))
+                att[t] = e
+                total += e
+            inv = np.float32(1.0) / total
+            yh = y[hd * hs : (hd + 1) * hs]
+            for i in range(hs):
+                yh[i] = 0.0
+            for t in range(n_keys):
+                a = att[t] * inv
+                for i in range(hs):
+                    yh[i] += a * V[l, hd, t, i]
+        _matvec(proj[l], proj_s[l], y, out)
+        for j in range(C):
+            x[j] += out[j]
+        if do_trace:
+            trace[2 * l, :] = x
+        _rmsnorm(x, norms[2 * l + 1], eps[2 * l + 1], xn)
+        _matvec(fc[l], fc_s[l], xn, h)
+        for j in range(H):
+            r = max(h[j], np.float32(0.0))  # ReLU², as MLP.forward
+            h[j] = r * r
+        _matvec(fcp[l], fcp_s[l], h, out)
+        for j in range(C):
+            x[j] += out[j]
+        if do_trace:
+            trace[2 * l + 1, :] = x
+    _rmsnorm(x, norms[2 * L], eps[2 * L], xn)
+    _matvec(head, head_s, xn, logits)
