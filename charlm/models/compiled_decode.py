@@ -227,7 +227,11 @@ class CompiledDecoder:
     def current(self) -> bool:
         """Whether the model is still in eval mode, in the same memory, and not updated in place since the copy."""
         m = self.model
-        return not m.training and m.tok_emb.weight.data_ptr() == self.weight_at and weights_version(self.params) == self.version
+        return (
+            not m.training
+            and m.tok_emb.weight.data_ptr() == self.weight_at
+            and weights_version(self.params) == self.version
+        )
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         return torch.from_numpy(self.step_np(token, trace))
