@@ -191,12 +191,13 @@ class Streamer:
     use_cache=False writes: that recomputes the window for every token (nanoGPT's generate), to show
     what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy; compiled=False
     runs a Transformer's in numpy (models/fast_decode.py), never in the compiled step (models/compiled_decode.py),
-    which otherwise takes over as soon as it has compiled.
+    which otherwise takes over once loaded (it starts loading after LOAD_AFTER numpy steps, or is loaded already).
     """
 
     def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True, compiled: bool = True):
         self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
         self.compiled = compiled and fast_decode
+        self._numpy_steps = 0  # one-token steps the numpy step took (the compiled one loads after LOAD_AFTER)
         self.context = model.cfg.context  # an RNN is trained on windows of it too (its repetition penalty's reach)
         self.sliding = model.window is not None  # an RNN's state has no length limit
         self.rolling = model.rolling_cache
@@ -262,8 +263,14 @@ class Streamer:
             return self.model.decode(tokens, self.cache)
 
     def _upgrade(self) -> bool:
-        # the numpy step stands in while the compiled one compiles (a background thread): swap when it is ready
-        return self.compiled and isinstance(self.fast, FastDecoder) and compiled_decode.ready()
+        # the numpy step serves until the compiled one is ready, which starts loading after LOAD_AFTER numpy steps
+        # (a short sample never pays for it); both read the same weights, so the hand-over keeps a seed's text
+        if not (self.compiled and type(self.fast) is FastDecoder):
+            return False
+        self._numpy_steps += 1
+        if self._numpy_steps == compiled_decode.LOAD_AFTER:
+            compiled_decode.kernel()
+        return compiled_decode.ready()
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None

@@ -354,13 +354,32 @@ def test_int8_is_found_only_where_every_matrix_holds_it(compiled):
         compiled.CompiledDecoder(model, model.new_cache(1), storage="int8")
 
 
-def test_matrices_past_l2_size_are_stored_as_bf16(compiled):
-    """Storage by size: float32 up to BF16_ABOVE bytes of matrices (the tests' models), bf16 past it."""
+def test_matrices_past_l2_size_are_read_as_bf16_by_both_steps(compiled):
+    """Storage by size: float32 up to BF16_ABOVE bytes of matrices (the tests' models), bf16 past it, in the numpy
+    step as in the compiled one, which compute the same logits there (to float rounding: a hand-over mid-stream
+    keeps a seed's text) and torch's to bf16 rounding."""
+    from charlm.models.fast_decode import BF16_ABOVE
+
     small = model_of()
+    torch.manual_seed(0)
     big = build_model(ModelConfig(kind="transformer", vocab_size=VOCAB, n_layers=2, d_model=128, n_heads=4)).eval()
-    assert 4 * sum(p.numel() for p in small.parameters()) < compiled.BF16_ABOVE < 4 * count_params(big)
-    assert compiled.CompiledDecoder(small, small.new_cache(1)).storage == "f32"
-    assert compiled.CompiledDecoder(big, big.new_cache(1)).storage == "bf16"
+    with torch.no_grad():
+        for p in big.parameters():
+            p.normal_(0.0, 0.1)
+    assert 4 * count_params(small) < BF16_ABOVE < 4 * count_params(big)
+    assert compiled.CompiledDecoder(small, small.new_cache(1)).storage == FastDecoder(small, small.new_cache(1)).storage
+    assert FastDecoder(small, small.new_cache(1)).storage == "f32"
+    caches = [big.new_cache(1) for _ in range(3)]
+    with torch.no_grad():
+        for cache in caches:
+            big(torch.tensor([IDS[:3]]), cache=cache)
+        numpy_step, compiled_step = FastDecoder(big, caches[0]), compiled.CompiledDecoder(big, caches[1])
+        assert numpy_step.storage == compiled_step.storage == "bf16"
+        for t in IDS[3:]:
+            a, b, want = numpy_step.step(t), compiled_step.step(t), big(torch.tensor([[t]]), cache=caches[2])[0][0, -1]
+            assert (a - b).abs().max().item() <= 1e-4
+            assert 1e-5 < (a - want).abs().max().item() <= 0.05  # bf16's rounding, seen and bounded
+    torch.testing.assert_close(caches[0].k, caches[1].k, atol=1e-5, rtol=0)
 
 
 def test_a_pruned_model_steps_compiled(compiled):
@@ -442,6 +461,26 @@ def test_numpy_stands_in_while_the_kernel_compiles_then_hands_over(compiled, mon
     with torch.no_grad():
         want = model(torch.tensor([[1, 2, 3, 4, 5]]))[0][0]
     assert (torch.cat([numpy_part, last[None]]) - want[1:]).abs().max().item() <= 1e-4
+
+
+def test_the_kernel_loads_only_after_load_after_numpy_steps(compiled, monkeypatch):
+    """A short sample never imports numba: the load starts at the LOAD_AFTER-th numpy step, and the compiled step
+    takes over once it is loaded."""
+    model = model_of()
+    ready = compiled._state["kernel"]
+    monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
+    monkeypatch.setattr(compiled, "LOAD_AFTER", 3)
+    monkeypatch.setattr(compiled, "_compile", lambda: compiled._state.update(kernel=ready))
+    gen = Streamer(model, tokenizer=None)
+    streamed_logits(gen, [1], [2, 3])
+    assert compiled._state["thread"] is None and type(gen.fast) is FastDecoder
+    streamed_logits(gen, [1], [2])  # the third numpy step starts the load
+    compiled.kernel(wait=True)
+    got = streamed_logits(gen, [1], [2, 3, 4])
+    assert isinstance(gen.fast, compiled.CompiledDecoder)
+    with torch.no_grad():
+        want = model(torch.tensor([[1, 2, 3, 4]]))[0][0]
+    assert (got - want).abs().max().item() <= 1e-4
 
 
 def test_without_numba_the_numpy_step_serves(compiled, monkeypatch):

@@ -10,6 +10,7 @@ order except that the query is scaled before the dot products, as models/fast_de
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from llvmlite import ir
@@ -160,3 +161,28 @@ def step(
             trace[2 * l + 1, :] = x
     _rmsnorm(x, norms[2 * L], eps[2 * L], xn)
     _matvec(head, head_s, xn, logits)
+
+
+def cached() -> bool:
+    """Whether numba's disk cache has an index for step (an older source's is replaced on load, by compiling)."""
+    try:
+        return os.path.exists(step._cache._cache_file._index_path)
+    except Exception:  # another numba's layout: say cold
+        return False
+
+
+def warm_up() -> None:
+    """One call of step for each stored type (bf16 bits, int8) on a tiny model, so that both are compiled and
+    written to numba's disk cache, or loaded from it."""
+    L, C, nh, hs, slots, H, V = 1, 4, 1, 4, 2, 8, 3
+    f = np.zeros
+    for dtype in (np.uint16, np.int8):
+        w = [f((L, 3 * nh * hs, C), dtype), f((L, C, nh * hs), dtype), f((L, H, C), dtype), f((L, C, H), dtype)]
+        args = [a for m in w for a in (m, np.ones(m.shape[:-1], np.float32))]
+        step(
+            0, 0, slots, f((V, C), np.float32), f(C, np.float32), f((2 * L + 1, C), np.float32),
+            np.ones(2 * L + 1, np.float32), *args, f((V, C), dtype), np.ones(V, np.float32),
+            f((L, nh, slots, hs), np.float32), f((L, nh, slots, hs), np.float32), f(hs // 2, np.float32),
+            f(hs // 2, np.float32), False, f(nh, np.float32), False, 0.5, f((4, 3 * nh * hs + H + C + slots), np.float32),
+            f((2 * L, C), np.float32), False, f(V, np.float32),
+        )  # fmt: skip

@@ -9,25 +9,31 @@ token, and streams each matrix in a narrower form, widened to float32 as it is r
   int8 run        charlm compress's int8 values and per-row scales (quantized.py), 1 byte: w = q * scale. The
                   loaded model holds them dequantized (q * scale exactly, in float32), so they are read back off
                   the weights (lossless: q = rint(w / scale), checked) rather than carried through every command.
-The embedding row, norms, positions, the KV cache and all sums stay float32. bf16 storage moves a logit by ~1e-3
-on a trained model (top token the same; tests/test_fast_decode.py states the tolerance); int8 computes the
-dequantized model's logits to float rounding.
+The embedding row, norms, positions, the KV cache and all sums stay float32. Which storage a model gets is
+fast_decode.storage()'s rule, and the numpy step reads the same values (bf16-rounded matrices for a model over
+BF16_ABOVE bytes), so handing over from one to the other mid-stream moves logits by float rounding only. bf16
+moves a logit by ~1e-3 against the float32 model (top token the same; tests/test_fast_decode.py states the
+tolerance); int8 computes the dequantized model's logits to float rounding.
 
 CompiledDecoder(model, cache).step_np(token) is FastDecoder's contract: model(token, cache=cache)'s logits for one
 token, the keys and values written into the same KVCache a torch prefill fills, cache.pos advanced, a rolling
 cache wrapping. Its copies of the weights are made once: current() notices a model moved to other memory, and
 `version` (the sum of the parameters' in-place update counters) a model trained meanwhile.
 
-numba is imported only when a generation first asks for this step (never at start-up), on a background thread
-when its cache is cold: until the kernel is ready the Streamer steps in numpy (kernel() returns None meanwhile,
-and for good if numba is missing or fails to compile). The compiled kernel is cached on disk beside this file,
-or under charlm's cache directory (data.cache_dir()/numba) where that is not writable.
+numba is imported only once a generation has run LOAD_AFTER numpy steps (never at start-up, never for a short
+sample), on a background thread: kernel() returns None until the kernel is loaded, and for good if numba is missing
+or fails to compile (the numpy step serves). A cold cache is filled by a child process, which finishes even if
+this one ends first. The compiled code is cached on disk beside this file, or under charlm's cache directory
+(data.cache_dir()/numba) where that is not writable.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -35,17 +41,19 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from charlm.models import fast_decode
+from charlm.models.fast_decode import FastDecoder, as_int8, matrices, weights_version
 from charlm.models.transformer import Transformer, rope_inv_freq
+
+# One-token steps in numpy before the kernel starts loading: the load costs ~0.6 s of a core (numba's import and
+# the cached machine code; the first time on a machine, ~15 s of compiling in a child process), and the step saves
+# ~0.14 ms a token at 4 x 128 (0.27 -> 0.13 ms with sampling), so it pays only past a few thousand tokens: a
+# sample of a few hundred never loads it, a long one or a chat session does. (Tests and benchmarks call
+# kernel(wait=True) first, and the Streamer takes the compiled step from its first token.)
+LOAD_AFTER = 1000
 
 _state = {"kernel": None, "failed": False, "thread": None, "cached": None}
 _lock = threading.Lock()
-_known = threading.Event()  # set once the compile thread knows whether numba's disk cache holds the kernel
-
-
-# Below this many bytes of float32 matrices the weights stay in L2 as they are: bf16 buys nothing (2 x 64: 15.6 us
-# a token in float32, 16.3 in bf16; 4 x 64, 0.77 MB: 30.9 and 26.7; 4 x 128, 3 MB: 135 and 77) and small models
-# (the tests') keep torch's logits to float rounding
-BF16_ABOVE = 256 * 1024
 
 
 def kernel(wait: bool = False):
@@ -62,70 +70,48 @@ def kernel(wait: bool = False):
     return _state["kernel"]
 
 
-def settled():
-    """kernel(), waiting for it where numba's disk cache holds it (a load: ~0.5 s, numba's import included), so
-    that every run on a machine past its first takes the same step from its first token; None while a cold cache
-    compiles (seconds, once a machine), when the numpy step stands in and hands over once it is done."""
-    if kernel() is None and not _state["failed"]:
-        _known.wait()
-        return kernel(wait=bool(_state["cached"]))
-    return _state["kernel"]
-
-
 def ready() -> bool:
     """Whether the compiled step is ready (without starting its compile)."""
     return _state["kernel"] is not None
 
 
+_SOURCE = str(Path(__file__).resolve().parents[2])  # the folder holding this charlm: the child compiles the same
+
+
+def _pythonpath() -> list[str]:
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def _compile() -> None:
+    """Load the kernel from numba's disk cache; where the cache is cold, first compile it in a child process
+    (start_new_session: it finishes and fills the cache even if this process ends first, e.g. a short sample,
+    and compiling there leaves this process's GIL to the numpy step meanwhile)."""
     try:
-        try:
-            here = Path(__file__).parent
-            if "NUMBA_CACHE_DIR" not in os.environ and not os.access(here, os.W_OK):
-                from charlm.data import cache_dir
+        here = Path(__file__).parent
+        if "NUMBA_CACHE_DIR" not in os.environ and not os.access(here, os.W_OK):
+            from charlm.data import cache_dir
 
-                os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba")
-            from charlm.models._decode_kernel import step as fn
-
-            try:
-                _state["cached"] = os.path.exists(fn._cache._cache_file._index_path)  # numba's index of cached code
-            except Exception:  # another numba's layout: say cold (the numpy step stands in meanwhile)
-                _state["cached"] = False
-        finally:
-            _known.set()
-        _warm_up(fn)  # compile (or load from the cache) for the types every call passes
-        _state["kernel"] = fn
+            os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba")
+        _decode_kernel = importlib.import_module("charlm.models._decode_kernel")  # numba: this process's first use
+        _state["cached"] = _decode_kernel.cached()
+        if not _state["cached"]:
+            child = subprocess.run(
+                [sys.executable, "-c", "from charlm.models._decode_kernel import warm_up; warm_up()"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join([_SOURCE, *_pythonpath()])},
+            )  # fmt: skip
+            if child.returncode != 0:
+                raise RuntimeError("the decode kernel did not compile")
+        _decode_kernel.warm_up()  # load from the cache (or compile, should the child's cache not serve this process)
+        _state["kernel"] = _decode_kernel.step
     except Exception:  # no numba, an llvmlite that does not load, a compile error: numpy's step serves
         _state["failed"] = True
 
 
-def _warm_up(fn) -> None:
-    """One call on a tiny model of each storage kind, so that the types are compiled (or loaded) here."""
-    for dtype in (np.uint16, np.int8):
-        L, C, nh, hs, slots, H, V = 1, 4, 1, 4, 2, 8, 3
-        w = {
-            "qkv": np.zeros((L, 3 * nh * hs, C), dtype),
-            "proj": np.zeros((L, C, nh * hs), dtype),
-            "fc": np.zeros((L, H, C), dtype),
-            "fcp": np.zeros((L, C, H), dtype),
-            "head": np.zeros((V, C), dtype),
-        }
-        s = {k: np.ones(v.shape[:-1], np.float32) for k, v in w.items()}
-        f = np.zeros
-        fn(
-            0, 0, 2, f((V, C), np.float32), f(C, np.float32), f((2 * L + 1, C), np.float32), f(2 * L + 1, np.float32),
-            w["qkv"], s["qkv"], w["proj"], s["proj"], w["fc"], s["fc"], w["fcp"], s["fcp"], w["head"], s["head"],
-            f((L, nh, slots, hs), np.float32), f((L, nh, slots, hs), np.float32), f(hs // 2, np.float32),
-            f(hs // 2, np.float32), False, f(nh, np.float32), False, 0.5, f((4, 3 * nh * hs + H + C + slots), np.float32),
-            f((2 * L, C), np.float32), False, f(V, np.float32),
-        )  # fmt: skip
-
-
 def supports(model: nn.Module) -> bool:
-    """FastDecoder.supports' conditions (a CPU float32 Transformer in eval mode) and a kernel ready to run."""
-    from charlm.models.fast_decode import FastDecoder
-
-    return FastDecoder.supports(model) and settled() is not None
+    """FastDecoder.supports' conditions (a CPU float32 Transformer in eval mode) and the kernel ready to run (this
+    never starts loading it: kernel() does)."""
+    return FastDecoder.supports(model) and ready()
 
 
 def as_bf16(w: torch.Tensor) -> np.ndarray:
@@ -133,64 +119,22 @@ def as_bf16(w: torch.Tensor) -> np.ndarray:
     return w.detach().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
-def as_int8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
-    """(values int8, scales float32 per row) when w holds int8 values times a scale per row (a compress --bits 8
-    run, dequantized as quantized.py does), else None."""
-    a = w.detach().numpy()
-    top = np.abs(a).max(axis=1)
-    scales = (top / np.float32(127)).astype(np.float32)
-    safe = np.where(scales > 0, scales, np.float32(1))[:, None]
-    q = np.rint(a / safe)
-    if np.abs(q).max(initial=0) > 127:
-        return None
-    # q * scale must give w back to float rounding (a float32 matrix has ~2^24 levels a row, int8 255)
-    if np.abs(q * safe - a).max(initial=0) > 4e-7 * max(float(top.max(initial=0)), 1e-30):
-        return None
-    return q.astype(np.int8), scales
-
-
-def _int8(mats: dict) -> dict | None:
-    """{name: [(values, scales), ...]} when every matrix is int8 values times row scales, else None (at the first
-    that is not, usually the first)."""
-    packed = {}
-    for k, ws in mats.items():
-        packed[k] = [as_int8(w) for w in ws]
-        if any(p is None for p in packed[k]):
-            return None
-    return packed
-
-
-def weights_version(params: list) -> int:
-    """The sum of the parameters' in-place update counters: it grows when an optimizer steps the model."""
-    return sum(p._version for p in params)
-
-
 class CompiledDecoder:
     def __init__(self, model: Transformer, cache, storage: str | None = None):
-        """storage: "int8", "bf16" or "f32" (None: int8 where every matrix holds int8 values times row scales,
-        else bf16 where the float32 matrices are over BF16_ABOVE bytes, else float32)."""
+        """storage: "int8", "bf16" or "f32" (None: fast_decode.storage(model), as the numpy step reads it)."""
         cfg = self.cfg = model.cfg
         self.model, self.cache = model, cache
         self.kernel = kernel()
         self.params = list(model.parameters())  # listed once: walking the modules costs ~100 us, a token's time
         self.weight_at, self.version = model.tok_emb.weight.data_ptr(), weights_version(self.params)
         blocks = model.blocks
-        mats = {
-            "qkv": [b.attn.qkv.weight for b in blocks],
-            "proj": [b.attn.proj.weight for b in blocks],
-            "fc": [b.mlp.fc.weight for b in blocks],
-            "fcp": [b.mlp.proj.weight for b in blocks],
-            "head": [model.head.weight],
-        }
-        packed = _int8(mats) if storage in (None, "int8") else None
-        if packed is None and storage == "int8":
-            raise ValueError("the model's matrices are not int8 values times a scale per row")
-        if packed is not None:
-            self.storage = "int8"
-        else:
-            big = 4 * sum(w.numel() for ws in mats.values() for w in ws) > BF16_ABOVE
-            self.storage = storage or ("bf16" if big else "f32")
-        if packed is None:  # bf16, or float32 as it is ("f32": the tests' exact reference)
+        mats = matrices(model)
+        self.storage = storage or fast_decode.storage(model)
+        if self.storage == "int8":
+            packed = {k: [as_int8(w) for w in ws] for k, ws in mats.items()}
+            if any(p is None for ps in packed.values() for p in ps):
+                raise ValueError("the model's matrices are not int8 values times a scale per row")
+        else:  # bf16, or float32 as it is ("f32")
             store = as_bf16 if self.storage == "bf16" else (lambda w: w.detach().numpy())
             packed = {k: [(store(w), np.ones(w.shape[0], np.float32)) for w in ws] for k, ws in mats.items()}
         self.w = {k: (np.stack([v for v, _ in ps]), np.stack([s for _, s in ps])) for k, ps in packed.items()}
