@@ -10,7 +10,6 @@ order except that the query is scaled before the dot products, as models/fast_de
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from llvmlite import ir
@@ -164,19 +163,20 @@ def step(
 
 
 def cached() -> bool:
-    """Whether numba's disk cache has an index for step (an older source's is replaced on load, by compiling)."""
+    """Whether numba's disk cache holds compiled code for step's current source (an older source's index reads
+    as empty)."""
     try:
-        return os.path.exists(step._cache._cache_file._index_path)
+        return bool(step._cache._cache_file._load_index())
     except Exception:  # another numba's layout: say cold
         return False
 
 
 def warm_up() -> None:
-    """One call of step for each stored type (bf16 bits, int8) on a tiny model, so that both are compiled and
-    written to numba's disk cache, or loaded from it."""
+    """One call of step for each stored type (bf16 bits, int8, float32: models under BF16_ABOVE) on a tiny model,
+    so that each is compiled and written to numba's disk cache, or loaded from it."""
     L, C, nh, hs, slots, H, V = 1, 4, 1, 4, 2, 8, 3
     f = np.zeros
-    for dtype in (np.uint16, np.int8):
+    for dtype in (np.uint16, np.int8, np.float32):
         w = [f((L, 3 * nh * hs, C), dtype), f((L, C, nh * hs), dtype), f((L, H, C), dtype), f((L, C, H), dtype)]
         args = [a for m in w for a in (m, np.ones(m.shape[:-1], np.float32))]
         step(
