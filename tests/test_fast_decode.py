@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from charlm.config import POSITIONS, ModelConfig
-from charlm.generate import Streamer
+from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
 from charlm.models.fast_decode import FastDecoder
+from charlm.tokenizer import CharTokenizer
 
 VOCAB = 40
 
@@ -463,24 +464,25 @@ def test_numpy_stands_in_while_the_kernel_compiles_then_hands_over(compiled, mon
     assert (torch.cat([numpy_part, last[None]]) - want[1:]).abs().max().item() <= 1e-4
 
 
-def test_the_kernel_loads_only_after_load_after_numpy_steps(compiled, monkeypatch):
-    """A short sample never imports numba: the load starts at the LOAD_AFTER-th numpy step, and the compiled step
-    takes over once it is loaded."""
+def test_the_kernel_loads_only_for_long_generations(compiled, monkeypatch):
+    """A short sample never imports numba: the load starts with the stream that would bring the Streamer's tokens
+    to LOAD_AFTER, and the compiled step takes over once it is loaded."""
     model = model_of()
     ready = compiled._state["kernel"]
     monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
-    monkeypatch.setattr(compiled, "LOAD_AFTER", 3)
+    monkeypatch.setattr(compiled, "LOAD_AFTER", 8)
     monkeypatch.setattr(compiled, "_compile", lambda: compiled._state.update(kernel=ready))
-    gen = Streamer(model, tokenizer=None)
-    streamed_logits(gen, [1], [2, 3])
-    assert compiled._state["thread"] is None and type(gen.fast) is FastDecoder
-    streamed_logits(gen, [1], [2])  # the third numpy step starts the load
+    gen = Streamer(model, tokenizer=CharTokenizer.train(["".join(chr(c) for c in range(65, 65 + VOCAB))]))
+    for _ in gen.stream([1, 2], SampleConfig(max_tokens=5, seed=0)):
+        pass
+    assert compiled._state["thread"] is None and type(gen.fast) is FastDecoder and gen._numpy_steps == 4
+    pieces = gen.stream([3], SampleConfig(max_tokens=4, seed=0))  # 4 + 4 = LOAD_AFTER: loads at the start
+    next(pieces)
+    assert compiled._state["thread"] is not None
     compiled.kernel(wait=True)
-    got = streamed_logits(gen, [1], [2, 3, 4])
+    for _ in pieces:
+        pass
     assert isinstance(gen.fast, compiled.CompiledDecoder)
-    with torch.no_grad():
-        want = model(torch.tensor([[1, 2, 3, 4]]))[0][0]
-    assert (got - want).abs().max().item() <= 1e-4
 
 
 def test_without_numba_the_numpy_step_serves(compiled, monkeypatch):

@@ -20,7 +20,7 @@ token, the keys and values written into the same KVCache a torch prefill fills, 
 cache wrapping. Its copies of the weights are made once: current() notices a model moved to other memory, and
 `version` (the sum of the parameters' in-place update counters) a model trained meanwhile.
 
-numba is imported only once a generation has run LOAD_AFTER numpy steps (never at start-up, never for a short
+numba is imported only once a Streamer's tokens would reach LOAD_AFTER (never at start-up, never for a short
 sample), on a background thread: kernel() returns None until the kernel is loaded, and for good if numba is missing
 or fails to compile (the numpy step serves). A cold cache is filled by a child process, which finishes even if
 this one ends first. The compiled code is cached on disk beside this file, or under charlm's cache directory
@@ -45,12 +45,13 @@ from charlm.models import fast_decode
 from charlm.models.fast_decode import FastDecoder, as_int8, matrices, weights_version
 from charlm.models.transformer import Transformer, rope_inv_freq
 
-# One-token steps in numpy before the kernel starts loading: the load costs ~0.6 s of a core (numba's import and
-# the cached machine code; the first time on a machine, ~15 s of compiling in a child process), and the step saves
-# ~0.14 ms a token at 4 x 128 (0.27 -> 0.13 ms with sampling), so it pays only past a few thousand tokens: a
-# sample of a few hundred never loads it, a long one or a chat session does. (Tests and benchmarks call
-# kernel(wait=True) first, and the Streamer takes the compiled step from its first token.)
-LOAD_AFTER = 1000
+# Tokens a Streamer must be about to reach (its numpy steps so far plus the stream's max_tokens) before the kernel
+# starts loading: the load costs ~0.6 s of a core (numba's import and the cached machine code; the first time on a
+# machine, ~15 s of compiling in a child process), and the step saves ~0.14 ms a token at 4 x 128 (0.27 -> 0.13 ms
+# with sampling), so it pays only past a few thousand tokens: a sample of a few hundred never loads it; a long one,
+# or a chat session's later turns, do. (Tests and benchmarks call kernel(wait=True) first: the Streamer then takes
+# the compiled step from its first token.)
+LOAD_AFTER = 2000
 
 _state = {"kernel": None, "failed": False, "thread": None, "cached": None}
 _lock = threading.Lock()
