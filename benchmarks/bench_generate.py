@@ -9,8 +9,16 @@
     python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
+    python benchmarks/bench_generate.py --size nanoGPT --top-k 200 --tokens 500 2000 --repeats 5 --variants cache \
+        "cache, numpy step" "nanoGPT generate()" "nanoGPT generate(), 1 thread" "int8 run, cache" "int8 run, numpy step"
+        # issue 40's case: the compiled step (bf16 weights; an int8 run's int8) against the numpy step and nanoGPT
+
+The compiled decode step is loaded before timing, so "cache" runs it from the first token (a Streamer on its own
+loads it only for long generations: models/compiled_decode.py, LOAD_AFTER).
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Streamer(fast_decode=False): what the numpy step buys),
+cache but the numpy one-token step (Streamer(compiled=False)), with the cache but the torch one-token step
+(Streamer(fast_decode=False): what the numpy step buys), an int8 run of the same model (compress --bits 8, as
+loaded) with either step,
 without the cache, and nanoGPT's own generate() (benchmarks/nanogpt_reference.py) on a model of the same size; the time per token over the first and the last 100 tokens (flat = once the
 window is full, the rolling cache costs what filling it did); and the time to the first token after
 a prompt of half the context.
