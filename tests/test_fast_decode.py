@@ -499,3 +499,19 @@ def test_without_numba_the_numpy_step_serves(compiled, monkeypatch):
     gen = Streamer(model, tokenizer=None)
     got = streamed_logits(gen, [1, 2], [3, 4, 5])
     assert type(gen.fast) is FastDecoder and torch.equal(got, want)
+
+
+def test_a_failed_compile_leaves_the_numpy_step(compiled, monkeypatch):
+    """A cold cache whose compile fails (here the child process exits 1): kernel() says None for good, quietly,
+    and the Streamer steps in numpy."""
+    import sys
+
+    from charlm.models import _decode_kernel
+
+    monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
+    monkeypatch.setattr(_decode_kernel, "cached", lambda: False)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    assert compiled.kernel(wait=True) is None and compiled._state["failed"] and compiled._state["cached"] is False
+    gen = Streamer(model_of(), tokenizer=None)
+    streamed_logits(gen, [1, 2], [3])
+    assert type(gen.fast) is FastDecoder
