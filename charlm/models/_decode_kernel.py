@@ -163,10 +163,11 @@ def step(
 
 
 def cached() -> bool:
-    """Whether numba's disk cache holds compiled code for step's current source (an older source's index reads
-    as empty)."""
+    """Whether numba's disk cache holds step compiled from its current source (an older source's index reads as
+    empty) for this CPU (its index key's codegen tuple: target, CPU name, features)."""
     try:
-        return bool(step._cache._cache_file._load_index())
+        here = step.targetctx.codegen().magic_tuple()
+        return any(key[1] == here for key in step._cache._cache_file._load_index())
     except Exception:  # another numba's layout: say cold
         return False
 
