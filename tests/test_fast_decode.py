@@ -420,6 +420,8 @@ def test_compiled_refuses_to_run_past_the_context(compiled):
         model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="9 positions exceed the model's context of 8"):
             compiled.CompiledDecoder(model, cache).step(0)
+    with pytest.raises(IndexError, match="outside the vocabulary of 40"):  # never read past the embedding
+        compiled.CompiledDecoder(model, model.new_cache(1)).step(VOCAB)
 
 
 def streamed_logits(gen, prompt, more):

@@ -188,6 +188,8 @@ class CompiledDecoder:
         pos, slots = cache.pos, cache.slots
         if pos >= slots and not cache.rolling:
             raise ValueError(f"{pos + 1} positions exceed the model's context of {self.cfg.context}")
+        if not 0 <= token < len(self.emb):  # the kernel does not check its indices (torch's step would raise)
+            raise IndexError(f"token {token} is outside the vocabulary of {len(self.emb)}")
         pos_row = self.zero_row if self.pos_table is None else self.pos_table[pos]
         cos, sin = (self.cos[pos], self.sin[pos]) if pos < len(self.cos) else self._rope_past(pos)
         tr = np.zeros((2 * self.cfg.n_layers, self.cfg.d_model), np.float32) if trace is not None else self.no_trace
