@@ -8,5 +8,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# the compiled decode step (models/_decode_kernel.py): AVX2 + FMA code only (numba caches it apart)
+export NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave"
 export PYTHONPATH="$here/as_avx2${PYTHONPATH:+:$PYTHONPATH}"
 exec "$@"

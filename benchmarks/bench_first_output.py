@@ -5,7 +5,9 @@ another side by side (e.g. the code before issue 28), interleaved round by round
     git archive 63c7d7e charlm | tar -x -C /tmp/old
     python benchmarks/bench_first_output.py --compare /tmp/old --rounds 5
 
-Tiny runs (2 layers × 64, a Transformer and an LSTM) are trained once, for 20 steps.
+Tiny runs (2 layers × 64, a Transformer and an LSTM) are trained once, for 20 steps. --cold-numba gives every run
+of this checkout an empty numba cache (NUMBA_CACHE_DIR), as on a machine's first generation, when the compiled
+decode step (models/compiled_decode.py) compiles on a background thread while the numpy step serves.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ def commands(tf: Path, lstm: Path) -> dict[str, list[str]]:
     }
 
 
-def timed(args: list[str], pythonpath: str, cwd: Path) -> tuple[float, float]:
+def timed(args: list[str], pythonpath: str, cwd: Path, cold_numba: bool = False) -> tuple[float, float]:
     """(seconds to the first character drawn, seconds to the exit) of `charlm ARGS` in a terminal."""
     env = {**os.environ, "PYTHONPATH": pythonpath, "CHARLM_CACHE": str(cwd / "cache"), "TERM": "xterm-256color"}
+    if cold_numba:
+        env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(dir=cwd)
     t0 = time.perf_counter()
     child = pexpect.spawn(sys.executable, ["-m", "charlm", *args], env=env, cwd=str(cwd), dimensions=(24, 80),
                           encoding="utf-8", timeout=120)  # fmt: skip
@@ -71,11 +75,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compare", help="another checkout's charlm/ (its parent folder), run side by side")
+    ap.add_argument("--cold-numba", action="store_true", help="an empty numba cache for every run of this checkout")
+    ap.add_argument("--only", nargs="+", help="only these commands (e.g. sample chat)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "small.txt").write_text(CORPUS.read_text(encoding="utf-8")[:100_000], encoding="utf-8")
         cmds = commands(train(tmp, "transformer"), train(tmp, "lstm"))
+        cmds = {k: v for k, v in cmds.items() if not args.only or k.split()[0] in args.only}
         sides = {"this": str(ROOT)} | ({"compare": args.compare} if args.compare else {})
         times: dict[tuple[str, str], list[tuple[float, float]]] = {}
         loads = []
@@ -83,7 +90,7 @@ def main() -> None:
             for name, cmd in cmds.items():
                 for side, path in sides.items():
                     loads.append(os.getloadavg()[0])
-                    times.setdefault((name, side), []).append(timed(cmd, path, tmp))
+                    times.setdefault((name, side), []).append(timed(cmd, path, tmp, args.cold_numba and side == "this"))
         print(f"# {cpu_name()}, {os.cpu_count()} cores, load average {min(loads):.1f}-{max(loads):.1f}, "
               f"{args.rounds} rounds, medians in seconds")  # fmt: skip
         print("| command | " + " | ".join(f"{s}: first output | {s}: done" for s in sides) + " |")

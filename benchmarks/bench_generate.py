@@ -9,8 +9,16 @@
     python benchmarks/bench_generate.py --heldout RUN corpora/heldout-sonnets.txt
         # what a trained model's generator predicts: bits/char, cached and recomputed, past the window
 
+    python benchmarks/bench_generate.py --size nanoGPT --top-k 200 --tokens 500 2000 --repeats 5 --variants cache \
+        "cache, numpy step" "nanoGPT generate()" "nanoGPT generate(), 1 thread" "int8 run, cache" "int8 run, numpy step"
+        # issue 40's case: the compiled step (bf16 weights; an int8 run's int8) against the numpy step and nanoGPT
+
+The compiled decode step is loaded before timing, so "cache" runs it from the first token (a Streamer on its own
+loads it only for long generations: models/compiled_decode.py, LOAD_AFTER).
 For each model size and each length (500 and 2,000 new tokens): tokens/s with the cache, with the
-cache but the torch one-token step (Streamer(fast_decode=False): what the numpy step buys),
+cache but the numpy one-token step (Streamer(compiled=False)), with the cache but the torch one-token step
+(Streamer(fast_decode=False): what the numpy step buys), an int8 run of the same model (compress --bits 8, as
+loaded) with either step,
 without the cache, and nanoGPT's own generate() (benchmarks/nanogpt_reference.py) on a model of the same size; the time per token over the first and the last 100 tokens (flat = once the
 window is full, the rolling cache costs what filling it did); and the time to the first token after
 a prompt of half the context.
@@ -40,7 +48,7 @@ import nanogpt_reference as nanogpt
 from charlm import checkpoint
 from charlm.config import ModelConfig
 from charlm.generate import SampleConfig, Streamer
-from charlm.models import build_model, count_params
+from charlm.models import build_model, compiled_decode, count_params
 from charlm.presets import preset
 from charlm.runtime import cpu_name
 from charlm.tokenizer import CharTokenizer
@@ -56,7 +64,32 @@ SIZES = {
     "nanoGPT size (4×128, 4 heads, context 64)": dict(n_layers=4, d_model=128, n_heads=4, context=64),
     "4×128, 4 heads, context 256": dict(n_layers=4, d_model=128, n_heads=4, context=256),
 }
-VARIANTS = ("cache", "cache, torch step", "no cache", "nanoGPT generate()", "nanoGPT generate(), 1 thread")
+VARIANTS = (
+    "cache",
+    "cache, numpy step",
+    "cache, torch step",
+    "no cache",
+    "nanoGPT generate()",
+    "nanoGPT generate(), 1 thread",
+    "int8 run, cache",
+    "int8 run, numpy step",
+)
+DEFAULT_VARIANTS = VARIANTS[:5]
+
+
+def int8_run(model):
+    """The model as `charlm compress --bits 8` leaves it once loaded: every matrix int8 values times row scales."""
+    import copy
+
+    from charlm.compress import stored
+
+    run = copy.deepcopy(model)
+    _, quantized = stored(run.state_dict(), 8)  # what compress writes
+    with torch.no_grad():
+        for name, p in run.named_parameters():
+            if name in quantized:  # what checkpoint.load makes of it (quantized.dequantized, int8)
+                p.copy_(quantized[name]["values"].float() * quantized[name]["scales"].float()[:, None])
+    return run
 
 
 def nanogpt_once(model, n_tokens: int, seed: int, top_k: int, threads: int | None = None) -> dict:
@@ -87,11 +120,14 @@ def nanogpt_once(model, n_tokens: int, seed: int, top_k: int, threads: int | Non
             "first100_ms": float("nan"), "last100_ms": float("nan")}  # fmt: skip
 
 
-def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int) -> dict:
+def run_once(model, variant: str, n_tokens: int, seed: int, top_k: int, int8=None) -> dict:
     if variant.startswith("nanoGPT generate()"):
         return nanogpt_once(model, n_tokens, seed, top_k, threads=1 if variant.endswith("1 thread") else None)
-    torch_step = {"fast_decode": False} if variant == "cache, torch step" else {}
-    gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **torch_step)
+    step = {"fast_decode": False} if variant == "cache, torch step" else {}
+    step |= {"compiled": False} if variant.endswith("numpy step") else {}
+    if variant.startswith("int8 run"):
+        model = int8
+    gen = Streamer(model, TOKENIZER, use_cache=variant != "no cache", **step)
     prompt = TOKENIZER.encode(TEXT[: model.cfg.context // 2])
     settings = SampleConfig(temperature=0.8, top_k=top_k, max_tokens=n_tokens, seed=seed)
     times = []
@@ -148,28 +184,31 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[500, 2000])
     ap.add_argument("--json", action="store_true", help="also print every measurement as JSON lines")
     ap.add_argument("--size", default="", help="only the model sizes whose name contains this")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:-1]))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     ap.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0: off)")
     ap.add_argument("--heldout", nargs=2, metavar=("CKPT", "TEXT"), help="score a trained model on a text instead")
     args = ap.parse_args()
     if args.heldout:
         return heldout(*args.heldout)
     sizes = {name: dims for name, dims in SIZES.items() if args.size in name}
+    compiled = compiled_decode.kernel(wait=True) is not None  # compiled (or loaded from numba's cache) before timing
 
     print(
         f"machine: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads available "
-        f"(generation runs on 1), torch {torch.__version__}, numpy {np.__version__}; {load()} at the start"
+        f"(generation runs on 1), torch {torch.__version__}, numpy {np.__version__}, compiled step: {compiled}; "
+        f"{load()} at the start"
     )
     rows = []
     for size, dims in sizes.items():
         torch.manual_seed(0)
         model = build_model(ModelConfig(kind="transformer", vocab_size=TOKENIZER.vocab_size, **dims)).eval()
+        int8 = int8_run(model) if any(v.startswith("int8") for v in args.variants) else None
         Streamer(model, TOKENIZER).complete([0], SampleConfig(max_tokens=20, seed=0))  # warm-up
         for n in args.tokens:
             results = {v: [] for v in args.variants}
             for r in range(args.repeats):
                 for v in args.variants:  # interleaved: load changes on a shared machine hit every variant
-                    results[v].append(run_once(model, v, n, seed=r, top_k=args.top_k))
+                    results[v].append(run_once(model, v, n, seed=r, top_k=args.top_k, int8=int8))
             med = {v: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for v, xs in results.items()}
             rows.append((size, count_params(model), n, med))
             if args.json:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from charlm.config import SampleConfig
+from charlm.models import compiled_decode
+from charlm.models.compiled_decode import CompiledDecoder
 from charlm.models.fast_decode import FastDecoder
 from charlm.models.fast_rnn import FastRNN
 
@@ -187,11 +189,16 @@ class Streamer:
     to it, whose keys were computed from windows of their own. With two layers or more, what a token
     sees therefore reaches further back than one window, and text past the context differs from what
     use_cache=False writes: that recomputes the window for every token (nanoGPT's generate), to show
-    what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy.
+    what the cache saves. fast_decode=False runs every one-token step in torch, never in numpy; compiled=False
+    runs a Transformer's in numpy (models/fast_decode.py), never in the compiled step (models/compiled_decode.py),
+    which otherwise takes over once loaded (it starts loading once a stream would bring this Streamer's tokens to
+    LOAD_AFTER, or is loaded already).
     """
 
-    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True):
+    def __init__(self, model, tokenizer, use_cache: bool = True, fast_decode: bool = True, compiled: bool = True):
         self.model, self.tokenizer, self.use_cache, self.fast_decode = model, tokenizer, use_cache, fast_decode
+        self.compiled = compiled and fast_decode
+        self._numpy_steps = 0  # one-token steps the numpy step took (the compiled one loads from LOAD_AFTER on)
         self.context = model.cfg.context  # an RNN is trained on windows of it too (its repetition penalty's reach)
         self.sliding = model.window is not None  # an RNN's state has no length limit
         self.rolling = model.rolling_cache
@@ -247,13 +254,20 @@ class Streamer:
 
     def _feed(self, tokens: list[int]) -> torch.Tensor | np.ndarray:
         if len(tokens) == 1 and self.fast_decode:
-            if self.fast is None or not self.fast.current():
-                step = next((kind for kind in (FastDecoder, FastRNN) if kind.supports(self.model)), None)
+            if self.fast is None or not self.fast.current() or self._upgrade():
+                kinds = (CompiledDecoder, FastDecoder, FastRNN) if self.compiled else (FastDecoder, FastRNN)
+                step = next((kind for kind in kinds if kind.supports(self.model)), None)
                 self.fast = step(self.model, self.cache) if step is not None else None
             if self.fast is not None:
+                self._numpy_steps += type(self.fast) is FastDecoder
                 return self.fast.step_np(tokens[0])
         with torch.inference_mode():
             return self.model.decode(tokens, self.cache)
+
+    def _upgrade(self) -> bool:
+        # the numpy step serves until the compiled one is ready (stream() starts loading it once this Streamer's
+        # tokens reach LOAD_AFTER); both read the same weights, so the hand-over keeps a seed's text
+        return self.compiled and type(self.fast) is FastDecoder and compiled_decode.ready()
 
     def stream(
         self, prompt_ids: list[int], settings: SampleConfig, generator: torch.Generator | None = None
@@ -269,6 +283,9 @@ class Streamer:
                 settings.seed if settings.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
             )
         self.stats = Stats(prompt_tokens=len(prompt_ids))
+        long = self._numpy_steps + settings.max_tokens >= compiled_decode.LOAD_AFTER
+        if long and self.compiled and FastDecoder.supports(self.model):
+            compiled_decode.kernel()  # start loading the compiled step (a short sample never does)
         self.ids.extend(prompt_ids)
         self.text.extend(prompt_ids)
         if not self.ids:  # nothing to condition on: start as a new line would (or token 0)

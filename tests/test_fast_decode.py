@@ -4,13 +4,15 @@ names the first block (and half of it) where the two part."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from charlm.config import POSITIONS, ModelConfig
-from charlm.generate import Streamer
-from charlm.models import build_model
+from charlm.generate import SampleConfig, Streamer
+from charlm.models import build_model, count_params
 from charlm.models.fast_decode import FastDecoder
+from charlm.tokenizer import CharTokenizer
 
 VOCAB = 40
 
@@ -250,3 +252,268 @@ def test_the_streamer_steps_an_lstm_in_numpy():
     with torch.no_grad():
         want = model(torch.tensor([[1, 2, 3, 4]]))[0][0, -1]
     assert isinstance(gen.fast, FastRNN) and (torch.as_tensor(logits) - want).abs().max().item() <= 1e-5
+
+
+# ---- the compiled step (CompiledDecoder: numba, matrices stored as bf16 or int8) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The compiled kernel, compiled (or loaded from numba's cache) once for the test session."""
+    from charlm.models import compiled_decode
+
+    assert compiled_decode.kernel(wait=True) is not None, "numba is a dependency: the compiled step should build"
+    return compiled_decode
+
+
+def rounded_to_bf16(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def as_int8_run(model):
+    """The model as `charlm compress --bits 8` leaves it once loaded: every matrix quantized.py's int8 values
+    times their row scales (quantized.dequantized's arithmetic)."""
+    from charlm.quantized import quantize
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                q = quantize(p.numpy(), 8)
+                p.copy_(torch.from_numpy(q["values"]).float() * torch.from_numpy(q["scales"])[:, None])
+    return model
+
+
+def compiled_all(compiled, model, ids, prefill, storage, tol=1e-4, found=None):
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.tensor([ids[:prefill]]), cache=cache)
+    decoder = compiled.CompiledDecoder(model, cache, storage=storage)
+    assert decoder.storage == (storage or found)
+    for t in range(prefill, len(ids)):
+        problem = first_mismatch(model, ids[: t + 1], decoder, tol)
+        if problem:
+            return problem
+    assert cache.pos == len(ids)
+    return None
+
+
+IDS = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_compiled_step_equals_torch_block_by_block(compiled, positions):
+    """The kernel's arithmetic, with the weights as they are (float32 storage): torch's recompute of the whole
+    prefix at every position, block by block, to 1e-4 on logits of O(1..10)."""
+    problem = compiled_all(compiled, model_of(positions), IDS, 3, "f32")
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_bf16_storage_is_exact_on_weights_bf16_can_hold(compiled, positions):
+    """The widening of bf16 values: on a model whose weights are already bf16 numbers, the bf16 step computes
+    torch's float32 logits to 1e-4."""
+    problem = compiled_all(compiled, rounded_to_bf16(model_of(positions)), IDS, 5, "bf16")
+    assert problem is None, problem
+
+
+def test_bf16_storage_moves_logits_by_bf16_rounding_only(compiled):
+    """On float32 weights, storing matrices as bf16 (8 significant bits) moves each logit by what that rounding
+    explains (here |logit| up to ~2 and gaps ~0.01, bounded by 0.05: bf16 keeps 8 significant bits), and keeps the top
+    token at every position (the trained model of benchmarks/RESULTS.md: 300/300, mean KL 1.5e-5)."""
+    model = model_of("rope", context=40)
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.tensor([ids[:1]]), cache=cache)
+        decoder = compiled.CompiledDecoder(model, cache, storage="bf16")
+        want = model(torch.tensor([ids]))[0][0]
+    got = torch.stack([decoder.step(t) for t in ids[1:]])
+    gap = (got - want[1:]).abs().max().item()
+    assert want.abs().max() > 1.0 and gap <= 0.05, gap
+    assert (got.argmax(-1) == want[1:].argmax(-1)).all()
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_an_int8_run_computes_its_dequantized_model(compiled, positions):
+    """charlm compress --bits 8: the step reads the int8 values and row scales back off the dequantized weights
+    and computes the dequantized model's logits to float rounding."""
+    problem = compiled_all(compiled, as_int8_run(model_of(positions)), IDS, 2, None, found="int8")
+    assert problem is None, problem
+    problem = compiled_all(compiled, as_int8_run(model_of(positions)), IDS, 2, "int8")
+    assert problem is None, problem
+
+
+def test_int8_is_found_only_where_every_matrix_holds_it(compiled):
+    model = as_int8_run(model_of())
+    with torch.no_grad():
+        model.blocks[1].mlp.fc.weight[0, 0] += 1e-3  # one weight off its row's grid
+    assert compiled.CompiledDecoder(model, model.new_cache(1)).storage == "f32"  # small: float32 as it is
+    with pytest.raises(ValueError, match="not int8"):
+        compiled.CompiledDecoder(model, model.new_cache(1), storage="int8")
+
+
+def test_matrices_past_l2_size_are_read_as_bf16_by_both_steps(compiled):
+    """Storage by size: float32 up to BF16_ABOVE bytes of matrices (the tests' models), bf16 past it, in the numpy
+    step as in the compiled one, which compute the same logits there (to float rounding: a hand-over mid-stream
+    keeps a seed's text) and torch's to bf16 rounding."""
+    from charlm.models.fast_decode import BF16_ABOVE
+
+    small = model_of()
+    torch.manual_seed(0)
+    big = build_model(ModelConfig(kind="transformer", vocab_size=VOCAB, n_layers=2, d_model=128, n_heads=4)).eval()
+    with torch.no_grad():
+        for p in big.parameters():
+            p.normal_(0.0, 0.1)
+    assert 4 * count_params(small) < BF16_ABOVE < 4 * count_params(big)
+    assert compiled.CompiledDecoder(small, small.new_cache(1)).storage == FastDecoder(small, small.new_cache(1)).storage
+    assert FastDecoder(small, small.new_cache(1)).storage == "f32"
+    caches = [big.new_cache(1) for _ in range(3)]
+    with torch.no_grad():
+        for cache in caches:
+            big(torch.tensor([IDS[:3]]), cache=cache)
+        numpy_step, compiled_step = FastDecoder(big, caches[0]), compiled.CompiledDecoder(big, caches[1])
+        assert numpy_step.storage == compiled_step.storage == "bf16"
+        for t in IDS[3:]:
+            a, b, want = numpy_step.step(t), compiled_step.step(t), big(torch.tensor([[t]]), cache=caches[2])[0][0, -1]
+            assert (a - b).abs().max().item() <= 1e-4
+            assert 1e-5 < (a - want).abs().max().item() <= 0.05  # bf16's rounding, seen and bounded
+    torch.testing.assert_close(caches[0].k, caches[1].k, atol=1e-5, rtol=0)
+
+
+def test_a_pruned_model_steps_compiled(compiled):
+    """Heads dropped by charlm compress (n_heads * head_size < d_model)."""
+    model = model_of("rope")
+    cfg, state, _ = type(model).prune(model.cfg, model.state_dict(), np.arange(12.0).reshape(3, 4), 1)
+    pruned = build_model(cfg).eval()
+    pruned.load_state_dict(state)
+    assert cfg.n_heads * cfg.head_size < cfg.d_model
+    problem = compiled_all(compiled, pruned, IDS, 4, "f32")
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("positions", ["rope", "alibi"])
+def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions):
+    """A rolling cache that wraps four times: logits and cache contents (ring order) as torch's one-token steps."""
+    model = rounded_to_bf16(model_of(positions, context=8))
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
+    with torch.no_grad():
+        for cache in (fast_cache, torch_cache):
+            model(torch.tensor([ids[:5]]), cache=cache)
+        decoder = compiled.CompiledDecoder(model, fast_cache)
+        for t in range(5, 40):
+            want = model(torch.tensor([[ids[t]]]), cache=torch_cache)[0][0, -1]
+            got = decoder.step(ids[t])
+            assert (got - want).abs().max().item() <= 1e-4, f"position {t}"
+    assert fast_cache.pos == torch_cache.pos == 40
+    torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
+
+
+def test_compiled_refuses_to_run_past_the_context(compiled):
+    model = model_of(context=8)
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="9 positions exceed the model's context of 8"):
+            compiled.CompiledDecoder(model, cache).step(0)
+    with pytest.raises(IndexError, match="outside the vocabulary of 40"):  # never read past the embedding
+        compiled.CompiledDecoder(model, model.new_cache(1)).step(VOCAB)
+
+
+def streamed_logits(gen, prompt, more):
+    """The Streamer's logits after the prompt (torch) and then after each further token (the one-token step)."""
+    gen.reset()
+    gen.ids = list(prompt)
+    out = [torch.as_tensor(gen.next_logits())]
+    for t in more:
+        gen.ids.append(t)
+        out.append(torch.as_tensor(gen.next_logits()))
+    return torch.stack(out)
+
+
+def test_the_streamer_steps_compiled_and_notices_training(compiled):
+    """The Streamer takes the compiled step once it is ready; a model updated in place (an optimizer step between
+    two training previews) makes it copy the weights again."""
+    model = rounded_to_bf16(model_of())
+    gen = Streamer(model, tokenizer=None)
+    streamed_logits(gen, [1, 2, 3], [4])
+    assert isinstance(gen.fast, compiled.CompiledDecoder) and gen.fast.current()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)  # bf16 numbers still
+        want = model(torch.tensor([[1, 2, 3, 4, 5]]))[0][0, -1]
+    assert not gen.fast.current()
+    got = streamed_logits(gen, [1, 2, 3], [4, 5])[-1]
+    assert isinstance(gen.fast, compiled.CompiledDecoder) and (got - want).abs().max().item() <= 1e-4
+
+
+def test_numpy_stands_in_while_the_kernel_compiles_then_hands_over(compiled, monkeypatch):
+    model = rounded_to_bf16(model_of())
+    monkeypatch.setitem(compiled._state, "kernel", None)  # as if compiling: a thread is running
+    gen = Streamer(model, tokenizer=None)
+    numpy_part = streamed_logits(gen, [1, 2], [3, 4])
+    assert type(gen.fast) is FastDecoder
+    monkeypatch.undo()  # compiled now
+    gen.ids.append(5)
+    last = torch.as_tensor(gen.next_logits())
+    assert isinstance(gen.fast, compiled.CompiledDecoder)
+    with torch.no_grad():
+        want = model(torch.tensor([[1, 2, 3, 4, 5]]))[0][0]
+    assert (torch.cat([numpy_part, last[None]]) - want[1:]).abs().max().item() <= 1e-4
+
+
+def test_the_kernel_loads_only_for_long_generations(compiled, monkeypatch):
+    """A short sample never imports numba: the load starts with the stream that would bring the Streamer's tokens
+    to LOAD_AFTER, and the compiled step takes over once it is loaded."""
+    model = model_of()
+    ready = compiled._state["kernel"]
+    monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
+    monkeypatch.setattr(compiled, "LOAD_AFTER", 8)
+    monkeypatch.setattr(compiled, "_compile", lambda: compiled._state.update(kernel=ready))
+    gen = Streamer(model, tokenizer=CharTokenizer.train(["".join(chr(c) for c in range(65, 65 + VOCAB))]))
+    for _ in gen.stream([1, 2], SampleConfig(max_tokens=5, seed=0)):
+        pass
+    assert compiled._state["thread"] is None and type(gen.fast) is FastDecoder and gen._numpy_steps == 4
+    pieces = gen.stream([3], SampleConfig(max_tokens=4, seed=0))  # 4 + 4 = LOAD_AFTER: loads at the start
+    next(pieces)
+    assert compiled._state["thread"] is not None
+    compiled.kernel(wait=True)
+    for _ in pieces:
+        pass
+    assert isinstance(gen.fast, compiled.CompiledDecoder)
+
+
+def test_without_numba_the_numpy_step_serves(compiled, monkeypatch):
+    """numba missing (or failing to compile): no error, kernel() says None, and the Streamer's text is the
+    numpy step's."""
+    import sys
+
+    model = model_of()
+    expected = Streamer(model, tokenizer=None, compiled=False)
+    want = streamed_logits(expected, [1, 2], [3, 4, 5])
+    monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
+    monkeypatch.setitem(sys.modules, "charlm.models._decode_kernel", None)  # import fails as without numba
+    assert compiled.kernel(wait=True) is None and compiled._state["failed"]
+    gen = Streamer(model, tokenizer=None)
+    got = streamed_logits(gen, [1, 2], [3, 4, 5])
+    assert type(gen.fast) is FastDecoder and torch.equal(got, want)
+
+
+def test_a_failed_compile_leaves_the_numpy_step(compiled, monkeypatch):
+    """A cold cache whose compile fails (here the child process exits 1): kernel() says None for good, quietly,
+    and the Streamer steps in numpy."""
+    import sys
+
+    from charlm.models import _decode_kernel
+
+    monkeypatch.setattr(compiled, "_state", {"kernel": None, "failed": False, "thread": None, "cached": None})
+    monkeypatch.setattr(_decode_kernel, "cached", lambda: False)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    assert compiled.kernel(wait=True) is None and compiled._state["failed"] and compiled._state["cached"] is False
+    gen = Streamer(model_of(), tokenizer=None)
+    streamed_logits(gen, [1, 2], [3])
+    assert type(gen.fast) is FastDecoder

@@ -13,6 +13,12 @@ FastDecoder(model, cache).step(token) -> logits (vocab,) is model(token, cache=c
 zero-copy views (never stale copies), writes its keys and values into the same KVCache a torch
 prefill fills, and advances cache.pos. A rolling cache wraps around.
 
+Which weights: a model over BF16_ABOVE bytes of float32 matrices is read with its matrices rounded to bf16 (float32
+copies here; bf16 in models/compiled_decode.py, which takes over from this step once it has compiled), so that the
+two steps compute the same logits to float rounding and a hand-over mid-stream leaves a seed's text as it is. An
+int8 run (charlm compress --bits 8) is read as loaded, its matrices int8 values times row scales (storage()).
+Smaller models are read through zero-copy views, as they are.
+
 Past the five matrix-vector products (which stream the weights about as fast as BLAS goes), a token's
 time is the number of numpy calls, 1-3 µs each: so the step makes ~20 per layer, writes into scratch
 buffers made once (`out=`), reads the cache through views made once, and calls ndarray methods and
@@ -29,25 +35,75 @@ import torch.nn as nn
 
 from charlm.models.transformer import KVCache, Transformer, rope_inv_freq
 
+# Below this many bytes of float32 matrices a model's weights stay in L2 as they are: bf16 storage buys nothing
+# (compiled step, 2 x 64: 15.6 us a token in float32, 16.3 in bf16; 4 x 64, 0.77 MB: 30.9 and 26.7; 4 x 128, 3 MB:
+# 135 and 77), and small models (the tests') keep torch's logits to float rounding
+BF16_ABOVE = 256 * 1024
+
+
+def matrices(model: Transformer) -> dict[str, list[torch.Tensor]]:
+    """The matrices a one-token step multiplies by, by kind, a list over the layers (the head's: one)."""
+    blocks = model.blocks
+    return {
+        "qkv": [b.attn.qkv.weight for b in blocks],
+        "proj": [b.attn.proj.weight for b in blocks],
+        "fc": [b.mlp.fc.weight for b in blocks],
+        "fcp": [b.mlp.proj.weight for b in blocks],
+        "head": [model.head.weight],
+    }
+
+
+def as_int8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values int8, scales float32 per row) when w holds int8 values times a scale per row (a compress --bits 8
+    run, dequantized as quantized.py does: q * scale in float32), else None."""
+    a = w.detach().numpy()
+    top = np.abs(a).max(axis=1)
+    scales = (top / np.float32(127)).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1))[:, None]
+    q = np.rint(a / safe)
+    if np.abs(q).max(initial=0) > 127:
+        return None
+    # q * scale must give w back to float rounding (a float32 row has ~2^24 levels, an int8 one 255)
+    if np.abs(q * safe - a).max(initial=0) > 4e-7 * max(float(top.max(initial=0)), 1e-30):
+        return None
+    return q.astype(np.int8), scales
+
+
+def storage(model: Transformer) -> str:
+    """How generation reads the model's matrices: "int8" (every one int8 values times row scales), "bf16" (over
+    BF16_ABOVE bytes of float32), else "f32" (as they are)."""
+    mats = [w for ws in matrices(model).values() for w in ws]
+    if all(as_int8(w) is not None for w in mats):  # (stops at the first that is not: a float model's first)
+        return "int8"
+    return "bf16" if 4 * sum(w.numel() for w in mats) > BF16_ABOVE else "f32"
+
+
+def weights_version(params: list) -> int:
+    """The sum of the parameters' in-place update counters: it grows when an optimizer steps the model."""
+    return sum(p._version for p in params)
+
 
 class FastDecoder:
     def __init__(self, model: Transformer, cache: KVCache):
         cfg = self.cfg = model.cfg
         self.model, self.cache = model, cache
         self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
+        self.params = list(model.parameters())  # listed once: walking the modules costs ~100 us, a token's time
+        self.storage, self.version = storage(model), weights_version(self.params)
         nh, C, slots = cfg.n_heads, cfg.d_model, cache.slots
         hs = cfg.head_size
         A = nh * hs  # attention's width: C, unless heads were dropped (charlm compress)
-        self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), _np(model.head.weight), _norm_args(model.norm)
+        mat = _np if self.storage != "bf16" else _bf16_np
+        self.tok_emb, self.head, self.norm = _np(model.tok_emb.weight), mat(model.head.weight), _norm_args(model.norm)
         self.k, self.v = _np(cache.k)[:, 0], _np(cache.v)[:, 0]  # (L, nh, slots, hs): batch row 0
         self.layers = [
             (
                 _norm_args(b.norm1),
-                _np(b.attn.qkv.weight),
-                _np(b.attn.proj.weight),
+                mat(b.attn.qkv.weight),
+                mat(b.attn.proj.weight),
                 _norm_args(b.norm2),
-                _np(b.mlp.fc.weight),
-                _np(b.mlp.proj.weight),
+                mat(b.mlp.fc.weight),
+                mat(b.mlp.proj.weight),
             )
             for b in model.blocks
         ]
@@ -96,8 +152,12 @@ class FastDecoder:
 
     def current(self) -> bool:
         """Whether supports(model) still holds and the views still see the model's weights (a move to
-        another dtype or device and back leaves them on the old memory): the cheap check before a step."""
-        return not self.model.training and self.weight.data_ptr() == self.weight_at
+        another dtype or device and back leaves them on the old memory) and no in-place update changed them
+        since a copy was made (bf16): the cheap check before a step."""
+        m = self.model
+        return (
+            not m.training and self.weight.data_ptr() == self.weight_at and weights_version(self.params) == self.version
+        )
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
@@ -166,6 +226,10 @@ class FastDecoder:
 
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()  # shares memory with the tensor
+
+
+def _bf16_np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.bfloat16).float().numpy()  # a copy, rounded as the compiled step stores it
 
 
 def _norm_args(norm: nn.RMSNorm) -> tuple[np.ndarray, float]:
