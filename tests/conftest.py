@@ -34,10 +34,18 @@ for _var in ("LINES", "COLUMNS"):
 # a test that starts another process (a pseudo-terminal, a subprocess, torchrun) pays that process's start and
 # torch's import, seconds each on a busy CPU: it is marked slow, whether it starts one itself, through a helper
 # function or class of its module, or through a fixture. So are the tests that train models for seconds in
-# this process (measured with --durations: benchmarks/RESULTS.md, "The quick test loop"): those that use a
-# fixture of SLOW_FIXTURES, and SLOW_TESTS by name (or carrying @pytest.mark.slow themselves).
-SLOW_FIXTURES = {"copy_result", "recall_results", "positions_result"}  # lab models trained at --quick size: minutes on a busy CPU
+# this process, or draw hundreds of hypothesis examples, a CPU-second or more each (measured: benchmarks/RESULTS.md,
+# "The quick test loop"): those that use a fixture of SLOW_FIXTURES, and SLOW_TESTS by name (or carrying
+# @pytest.mark.slow themselves). tests/test_slow_rules.py checks that each name here is a test or fixture.
+SLOW_FIXTURES = {"copy_result", "recall_results", "positions_result"}  # lab models trained at --quick size
 SLOW_TESTS = {
+    "test_a_timed_run_shows_a_validation_loss_before_its_end",
+    "test_forgetting_is_drawn_by_the_cli",
+    "test_any_record_is_refused_in_one_line_or_described_sanely",
+    "test_any_metrics_file_gives_its_evaluations_and_counts_the_rest",
+    "test_any_config_validates_or_is_a_config_error",
+    "test_any_logits_give_a_token_with_probability",
+    "test_any_payload_is_a_typed_saved_or_one_line",
     "test_induction_the_loss_falls_as_the_induction_head_forms",
     "test_capacity_a_larger_state_copies_longer",
     "test_cost_recomputation_grows_faster_than_the_cache",
