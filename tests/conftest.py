@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -227,6 +228,27 @@ def charlm_pty(tmp_path: Path, *args, size=(100, 40), env: dict | None = None, t
         timeout=timeout,
         **kw,
     )
+
+
+# runs `charlm ARGS` in this fresh interpreter, then says which heavy modules it had imported
+PROBE = """
+import json, sys
+from charlm.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps([m for m in ("torch", "charlm.models.transformer", "charlm.train") if m in sys.modules]))
+"""
+
+
+def imported(*args, cwd=None) -> list[str]:
+    """The heavy modules `charlm ARGS` imported, in a fresh process (the start-up tests' probe)."""
+    env = {k: v for k, v in os.environ.items() if k != "CHARLM_DEBUG"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -5,38 +5,17 @@ the command ran, not by timing it (timings: benchmarks/HISTORY.md, "Start-up")."
 from __future__ import annotations
 
 import io
-import json
-import os
 import re
 import subprocess
 import sys
 
 import pexpect
 import pytest
-from conftest import charlm_pty, strip_ansi
+from conftest import charlm_pty, imported, strip_ansi
 from rich.console import Console
 
 from charlm.cli import main
 from charlm.views.text import Loading
-
-# runs `charlm ARGS` in this fresh interpreter, then says which heavy modules it had imported
-PROBE = """
-import json, sys
-from charlm.cli import main
-try:
-    main(sys.argv[1:])
-except SystemExit:
-    pass
-print(json.dumps([m for m in ("torch", "charlm.models.transformer", "charlm.train") if m in sys.modules]))
-"""
-
-
-def imported(*args, cwd=None) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CHARLM_DEBUG"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("command", [None, *sorted(main.commands)])
@@ -103,7 +82,6 @@ def test_model_commands_say_they_are_loading_before_anything_else(command, view_
 def test_the_command_line_draws_before_numpy_or_torch_load():
     """What runs before the first spinner frame: the command line itself, which imported numpy (0.2-0.6 s on a
     busy 2-core machine) through charlm.commands' error list."""
-    import subprocess
 
     probe = "import sys, charlm.cli; print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
