@@ -615,17 +615,9 @@ def test_report_shows_its_progress_in_a_real_terminal(view_runs, tmp_path):
     """Issue 37: `--report` ran 6m20s with a blank terminal. In a pty (80 × 24) the phases appear while it
     measures, then the table, which fits."""
     import pexpect
-    from conftest import strip_ansi
+    from conftest import charlm_pty, strip_ansi
 
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compress", str(view_runs["tf"]), "--report", "--tokens", "256"],
-        env=env,
-        dimensions=(24, 80),
-        encoding="utf-8",
-        timeout=180,
-    )
+    child = charlm_pty(tmp_path, "compress", view_runs["tf"], "--report", "--tokens", "256", size=(80, 24), timeout=180)
     child.expect("scoring the original on")
     child.expect("int4: writing, loading back and scoring")
     child.expect(pexpect.EOF)
