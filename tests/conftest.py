@@ -3,9 +3,12 @@ are trained once per test session for the tests that need a trained model."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,10 +18,10 @@ import torch
 from click.testing import CliRunner
 
 from charlm import safetensors_file
-from charlm.checkpoint import Corpus, Saved
+from charlm.checkpoint import OLD_LAST, Corpus, Saved
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
-from charlm.models import count_params
+from charlm.models import build_model, count_params
 from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
 
@@ -32,11 +35,18 @@ for _var in ("LINES", "COLUMNS"):
 # a test that starts another process (a pseudo-terminal, a subprocess, torchrun) pays that process's start and
 # torch's import, seconds each on a busy CPU: it is marked slow, whether it starts one itself, through a helper
 # function or class of its module, or through a fixture. So are the tests that train models for seconds in
-# this process (measured with --durations: benchmarks/RESULTS.md, "The quick test loop"): those that use a
-# fixture of SLOW_FIXTURES, and SLOW_TESTS by name (or carrying @pytest.mark.slow themselves).
-SLOW_FIXTURES = {"copy_result", "positions_result"}  # lab models trained at --quick size: minutes on a busy CPU
+# this process, or draw hundreds of hypothesis examples, a CPU-second or more each (measured: benchmarks/RESULTS.md,
+# "The quick test loop"): those that use a fixture of SLOW_FIXTURES, and SLOW_TESTS by name (or carrying
+# @pytest.mark.slow themselves). tests/test_slow_rules.py checks that each name here is a test or fixture.
+SLOW_FIXTURES = {"copy_result", "recall_results", "positions_result"}  # lab models trained at --quick size
 SLOW_TESTS = {
-    "test_recall_attention_binds_pairs_far_above_what_no_binding_can_reach",
+    "test_a_timed_run_shows_a_validation_loss_before_its_end",
+    "test_forgetting_is_drawn_by_the_cli",
+    "test_any_record_is_refused_in_one_line_or_described_sanely",
+    "test_any_metrics_file_gives_its_evaluations_and_counts_the_rest",
+    "test_any_config_validates_or_is_a_config_error",
+    "test_any_logits_give_a_token_with_probability",
+    "test_any_payload_is_a_typed_saved_or_one_line",
     "test_induction_the_loss_falls_as_the_induction_head_forms",
     "test_capacity_a_larger_state_copies_longer",
     "test_cost_recomputation_grows_faster_than_the_cache",
@@ -48,14 +58,22 @@ SLOW_TESTS = {
     "test_never_saves_the_compile_wrapper",
     "test_every_run_charlm_writes_is_listed_and_opens_by_name",
 }
-STARTS_A_PROCESS = re.compile(r"\bsubprocess\.|\bpexpect\.spawn\(|\bcharlm_pty\(|\bchat_pty\b|\bimported\(")
+STARTS_A_PROCESS = re.compile(
+    r"\bsubprocess\.|\bpexpect\.spawn\(|\bcharlm_pty\(|\bchat_pty\b|\bimported\(|\brun_limited\("
+)
+
+
+@functools.cache
+def _source(function) -> str:
+    """A function's source, read once: collection asks for each fixture's again for every test that uses it."""
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
 
 
 def _starts_a_process(function, helpers: set[str]) -> bool:
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
+    source = _source(function)
     return bool(STARTS_A_PROCESS.search(source) or any(re.search(rf"\b{h}\(", source) for h in helpers))
 
 
@@ -121,11 +139,12 @@ def cli(*args, input=None):
 
 
 def one_line_error(r, *fragments: str, code: int = 1) -> str:
-    """The contract for every user error: exit code, a single 'error: ...' line on stderr, no traceback."""
+    """The contract for every user error: exit code, a single 'error: ...' line on stderr, no traceback, never
+    "please report it"."""
     assert r.exit_code == code, (r.exit_code, r.output)
     err = r.stderr.strip()
     assert err.startswith("error: ") and "\n" not in err, repr(r.stderr)
-    assert "Traceback" not in r.output
+    assert "Traceback" not in r.output and "please report it" not in err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
     return err
@@ -144,6 +163,50 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    """CITIZENS in a file (a test file with a corpus of its own overrides this)."""
+    path = tmp_path / "citizens.txt"
+    path.write_text(CITIZENS, encoding="utf-8")
+    return path
+
+
+def train_ok(corpus: Path, out: Path, *extra):
+    """`charlm train CORPUS` of a TINY model for 2 steps (extra flags come last and win) into out; it succeeds."""
+    r = cli("train", corpus, *TINY, "--steps", "2", "--out", out, *extra)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def run_limited(
+    args: list[str], headroom_mb: int = 1400, timeout: float = 120, estimate: bool = True
+) -> subprocess.CompletedProcess:
+    """`charlm ARGS` in a process that may map at most headroom_mb more than Python, torch and charlm
+    take once imported (~650 MB with the CPU build, several GB with a CUDA build's libraries), and sees no
+    GPU: these tests are about the host's memory (a crash there is an exit code, not the end of the test run).
+    estimate=False: skip charlm's memory estimate."""
+    code = (
+        "import resource, sys; from charlm.cli import main; from charlm import memory; "
+        + ("" if estimate else "memory.available = lambda device: None; ")
+        + "size = next(int(l.split()[1]) << 10 for l in open('/proc/self/status') if l.startswith('VmSize:')); "
+        f"resource.setrlimit(resource.RLIMIT_AS, (size + ({headroom_mb} << 20),) * 2); "
+        "sys.argv = ['charlm', *sys.argv[1:]]; main()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "RAYON_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "CHARLM_DEBUG": "",
+        },
+    )
 
 
 def charlm_pty(tmp_path: Path, *args, size=(100, 40), env: dict | None = None, timeout=60, **kw) -> pexpect.spawn:
@@ -165,6 +228,27 @@ def charlm_pty(tmp_path: Path, *args, size=(100, 40), env: dict | None = None, t
         timeout=timeout,
         **kw,
     )
+
+
+# runs `charlm ARGS` in this fresh interpreter, then says which heavy modules it had imported
+PROBE = """
+import json, sys
+from charlm.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps([m for m in ("torch", "charlm.models.transformer", "charlm.train") if m in sys.modules]))
+"""
+
+
+def imported(*args, cwd=None) -> list[str]:
+    """The heavy modules `charlm ARGS` imported, in a fresh process (the start-up tests' probe)."""
+    env = {k: v for k, v in os.environ.items() if k != "CHARLM_DEBUG"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -229,6 +313,31 @@ def legacy_payload(path: Path) -> dict:
     """What an older charlm's checkpoint (format 2, torch.save's best.pt / last.pt, before safetensors) held,
     built from a checkpoint file: to write with torch.save for the tests of the reader of those files."""
     return {**stored_payload(path), "version": 2}
+
+
+def tampered(base: Path, dest: Path, **changes) -> Path:
+    """An older charlm's .pt copy of the checkpoint base with fields replaced (a dict for a config or the corpus:
+    merged into the saved one)."""
+    data = legacy_payload(base)
+    for name in ("model_config", "train_config", "corpus"):
+        if isinstance(changes.get(name), dict):
+            changes[name] = {**data[name], **changes[name]}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**data, **changes}, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def old_pt(tmp_path_factory) -> Path:
+    """A valid last.pt of an older charlm (torch.save's archive) in a run directory, built without training: a
+    transformer of 1 layer × 4 with a 3-character vocabulary."""
+    run = tmp_path_factory.mktemp("old-pt") / "run"
+    run.mkdir()
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind="transformer", vocab_size=3, n_layers=1, d_model=4, n_heads=2, context=4)
+    saved = saved_model(build_model(cfg), "ab\n")
+    torch.save({**saved.to_payload(), "version": 2}, run / OLD_LAST)
+    return run / OLD_LAST
 
 
 def tiny_train(steps: int, **kw) -> TrainConfig:

@@ -526,3 +526,54 @@ def test_a_map_at_80_columns_shows_as_many_keys_as_fit_in_cells_two_wide(peaky, 
     # the last query sees every key: its cells, two wide each, fill the width between label and note
     last = rows[-1]
     assert cell_len(last) == 2 + 1 + 1 + 1 + 2 * keys + NOTE
+
+
+def test_attn_says_when_a_rows_largest_weight_is_left_of_the_window(view_runs):
+    """Found: a row shaded against a maximum outside the visible window looked faint, and nothing said why."""
+    from charlm import checkpoint
+    from charlm.commands.look import attention
+    from charlm.options import AttnConfig
+    from charlm.views.attention import map_lines
+    from charlm.views.heatmap import Screen
+
+    ck = checkpoint.load(view_runs["tf"])
+    ids = ck.tokenizer.encode("ROMEO: But soft, what light through yonder window breaks?")
+    marks = []
+    for tokens in (8, 30):
+        opts = AttnConfig(tokens=tokens)
+        att = attention(ck.model, ck.tokenizer, ids, opts)
+        lines = [line.plain for line in map_lines(ck.tokenizer, att, opts, Screen(100))]
+        first = len(ids) - tokens - att.offset  # the window's first row, counted in the model's view
+        w = att.chosen
+        off = [att.offset + i for i in range(first, len(w)) if int(w[i, : i + 1].argmax()) < first]
+        marked = [int(m.group(1)) for line in lines if (m := re.match(r"^\s*(\d+) .*←\d\.\d\d$", line))]
+        assert marked == off, "\n".join(lines)
+        assert ("←: the row's largest weight is on a token left of the window" in lines) == bool(off)
+        marks.append(bool(off))
+    assert any(marks)  # the case the finding is about does occur here
+
+
+def test_attn_overview_leaves_out_the_first_layers_on_a_short_screen():
+    """Found: at 60×20 --overview of a 4-layer, 4-head model showed only layers 2-3, and its title scrolled off. Now
+    the title stays, the last layers that fit are shown, and a hint names those left out."""
+    import numpy as np
+
+    from charlm.models.probes import Attention, head_stats
+    from charlm.tokenizer import CharTokenizer
+    from charlm.views.attention import overview_lines
+    from charlm.views.heatmap import Screen, height_of
+
+    tok = CharTokenizer(sorted(set("ROMEO: But soft, what light through yonder")))
+    ids = tok.encode("ROMEO: But soft, what light through yonder")
+    T = len(ids)
+    w = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # each token looks evenly at all it sees
+    weights = np.broadcast_to(w, (4, 4, T, T)).astype(np.float32)
+    att = Attention(ids, 0, weights, head_stats(weights), 3, None, None)
+    for (cols, rows), hidden in (((60, 20), "layers 0..2"), ((80, 24), None), ((120, 40), None)):
+        lines = overview_lines(tok, att, AttnConfig(overview=True), Screen(cols, rows))
+        screen = "\n".join(line.plain for line in lines)
+        assert height_of(lines, cols) + 1 <= rows, screen  # with the shell's prompt after it
+        assert lines[0].plain.startswith("attention overview: 4 layers × 4 heads"), screen
+        hint = f"{hidden} of 4 left out (no room): | less or a taller terminal shows all"
+        titles = " ".join(line.plain for line in lines if line.plain.startswith("L"))  # the maps' titles
+        assert (hint in screen) == bool(hidden) and ("L0H0" in titles) == (not hidden) and "L3H3" in titles

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import legacy_payload
+from conftest import legacy_payload, one_line_error, run_limited, tampered
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -26,6 +26,8 @@ from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError
+from charlm.models import build_model
+from charlm.tokenizer import CharTokenizer
 from charlm.train import Trainer
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
@@ -610,3 +612,76 @@ def test_a_missing_field_is_one_line(saved, tmp_path):
     torch.save({k: v for k, v in raw(saved).items() if k != "step"}, p)
     with pytest.raises(CheckpointError, match=r"incomplete charlm checkpoint \(missing step\)$"):
         checkpoint.read(p)
+
+
+def test_a_huge_config_over_small_weights_allocates_nothing(saved, tmp_path):
+    """Regression: the model was built from the file's config before the weights' shapes were checked, so
+    a small file claiming 8 layers × 16384 made `info` allocate ~100 GB. Now the shapes are compared first."""
+    bad = tampered(saved, tmp_path / "huge.pt", model_config=dict(n_layers=8, d_model=16384, n_heads=16))
+    for command in ("info", "sample"):
+        proc = run_limited([command, str(bad)] + (["-n", "1", "--device", "cpu"] if command == "sample" else []))
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        err = proc.stderr.strip()
+        assert err.startswith("error: ") and "\n" not in err, err
+        assert (
+            "is an inconsistent charlm checkpoint: its weights do not match its config (transformer, layers 8, "
+            "d_model 16384: missing blocks.1." in err
+        )
+
+
+def test_weights_that_do_not_hold_their_data_are_refused(tmp_path):
+    """A crafted file whose config and shapes agree on a big model, but whose tensors are zero-stride views
+    of one number (a few bytes on disk): loading it would allocate the full model. Refused before."""
+    cfg = ModelConfig(kind="lstm", vocab_size=4, n_layers=2, d_model=8192, context=16)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in build_model(cfg).state_dict().items()}
+    tok = CharTokenizer.train(["abcd"])
+    train_cfg = TrainConfig(steps=10, device="cpu")
+    saved = checkpoint.Saved(
+        run_name="crafted",
+        model_config=cfg,
+        train_config=train_cfg,
+        tokenizer=tok.to_json(),
+        model={k: torch.zeros(()).expand(s) for k, s in shapes.items()},
+        step=1,
+        train_seconds=1.0,
+        best_val_loss=None,
+        best_val_bpc=None,
+    )
+    bad = tmp_path / "expanded.pt"
+    torch.save(saved.to_payload(), bad)
+    assert bad.stat().st_size < 100_000
+    proc = run_limited(["sample", str(bad), "-n", "1"], headroom_mb=900)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        "inconsistent charlm checkpoint: its weights do not match its config (lstm, layers 2, d_model 8192: "
+        "tok_emb.weight does not hold its 32,768 values)" in proc.stderr
+    )
+
+
+def test_a_tokenizer_of_another_size_is_refused_on_load(saved, tmp_path):
+    """Regression: a tokenizer larger than the model's vocabulary failed mid-stream with an IndexError."""
+    other = CharTokenizer.train([TEXT + "XYZ"])
+    bad = tampered(saved, tmp_path / "tok.pt", tokenizer=other.to_json())
+    with pytest.raises(
+        CheckpointError, match=f"its tokenizer has {other.vocab_size} tokens, its model {other.vocab_size - 3}"
+    ):
+        checkpoint.load(bad)
+    for args in (["info", bad], ["sample", bad, "-p", "XYZ", "-n", "5"]):
+        one_line_error(
+            CliRunner().invoke(main, [str(a) for a in args]), "is an inconsistent charlm checkpoint: its tokenizer has"
+        )
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(metrics={"step": 3, "val_loss": "low"}), "metric val_loss should be a number, not str"),
+        (dict(best_val_loss=1.5, best_val_bpc=None), "best_val_loss and best_val_bpc should both be numbers"),
+    ],
+    ids=["string metric", "half a best"],
+)
+def test_a_non_numeric_metric_is_one_line(saved, tmp_path, changes, message):
+    """Regression: `info` crashed formatting a best_val_bpc that was missing while best_val_loss was set."""
+    bad = tampered(saved, tmp_path / "metric.pt", **changes)
+    one_line_error(CliRunner().invoke(main, ["info", str(bad)]), "is a damaged charlm checkpoint", message)

@@ -13,7 +13,7 @@ import shutil
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import charlm_pty
+from conftest import charlm_pty, cli, one_line_error
 
 from charlm.checkpoint import LAST
 from charlm.cli import main
@@ -160,3 +160,41 @@ def test_chat_help_lists_the_words_of_the_repl():
         inside = out.split("Inside the chat", 1)[1].split("Examples:")[0]
         for word in [*CHAT_COMMANDS, "/attn", "/set", "Ctrl-C"]:
             assert re.search(rf"^  {re.escape(word)}\s", inside, re.M), word
+
+
+def test_help_command_and_dash_v():
+    """Found: `charlm help train` -> "No such command"; `charlm -V` -> "No such option"."""
+    r = cli("help", "train")
+    assert r.exit_code == 0 and r.stdout == cli("train", "--help").stdout
+    assert cli("help").stdout == cli("--help").stdout
+    assert cli("-V").exit_code == 0 and cli("-V").stdout == cli("--version").stdout
+    one_line_error(cli("help", "trian"), "No such command", "train", code=2)
+
+
+def test_compare_prompt_help_says_its_default_once():
+    """Found: compare -p's help said `[default: none]. [default: ""]`."""
+    out = " ".join(cli("compare", "--help").stdout.split())
+    assert "[default: none]." in out and '[default: ""]' not in out
+
+
+def test_sample_attn_and_gates_print_json(view_runs):
+    """Found: --json was missing for sample, attn and gates (eval, compare, lab and runs have it)."""
+    import json
+
+    r = cli("sample", view_runs["tf"], "ROMEO:", "-n", "12", "--seed", "4", "--num-samples", "2", "--json")
+    got = json.loads(r.stdout)
+    plain = cli("sample", view_runs["tf"], "ROMEO:", "-n", "12", "--seed", "4", "--num-samples", "2").stdout
+    assert got["prompt"] == "ROMEO:" and [s["tokens"] for s in got["samples"]] == [12, 12]
+    assert plain == "".join(f"ROMEO:{s['text']}\n" + ("---\n" if i == 0 else "") for i, s in enumerate(got["samples"]))
+
+    att = json.loads(cli("attn", view_runs["tf"], "ROMEO: But", "--json").stdout)
+    assert "".join(att["tokens"]) == "ROMEO: But" and len(att["weights"]) == len(att["tokens"])
+    for row in att["weights"]:  # each query's weights over the tokens it could see sum to 1
+        assert sum(row) == pytest.approx(1, abs=1e-3)
+    assert len(att["heads"]) == 2 * 2  # 2 layers × 2 heads
+
+    g = json.loads(cli("gates", view_runs["lstm"], "ROMEO: But", "--units", "3", "--json").stdout)
+    assert len(g["units"]) == 3 and set(g["values"]) >= {"forget", "input", "output", "cell_state"}
+    for name in ("forget", "input", "output"):  # sigmoids: between 0 and 1
+        assert all(0 <= v <= 1 for unit in g["values"][name] for v in unit)
+        assert all(len(unit) == len(g["tokens"]) for unit in g["values"][name])

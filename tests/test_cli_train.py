@@ -17,31 +17,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CITIZENS, TINY, cli, one_line_error
+from conftest import CITIZENS, TINY, cli, one_line_error, train_ok
 
 from charlm import checkpoint, runs
-from charlm.checkpoint import BEST, LAST
+from charlm.checkpoint import BEST, LAST, OLD_LAST
 from charlm.train import Trainer
-
-
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "citizens.txt"
-    path.write_text(CITIZENS, encoding="utf-8")
-    return path
-
-
-def train(corpus, out, *extra):
-    r = cli("train", corpus, *TINY, "--out", out, *extra)
-    assert r.exit_code == 0, r.output
-    return r
 
 
 @pytest.fixture
 def run(corpus, tmp_path) -> Path:
     """A finished 10-step run."""
     out = tmp_path / "run"
-    train(corpus, out, "--steps", 10, "--eval-interval", 5)
+    train_ok(corpus, out, "--steps", 10, "--eval-interval", 5)
     return out
 
 
@@ -49,7 +36,7 @@ def run(corpus, tmp_path) -> Path:
 
 
 def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_path):
-    r = train(corpus, tmp_path / "run", "--steps", 20, "--eval-interval", 10)
+    r = train_ok(corpus, tmp_path / "run", "--steps", 20, "--eval-interval", 10)
     assert r.stderr == ""
     out = r.stdout
     assert "transformer (1 layer × 32, 2 heads, context 32)" in out and "char tokenizer" in out
@@ -123,7 +110,7 @@ def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
     shown (and the suggested commands pointed elsewhere) and '[/x]' crashed the run."""
     for name in ("[draft] run", "[/x]"):  # the second is a directory "x]" inside a directory "["
         out = tmp_path / name
-        r = train(corpus, out, "--steps", 2)
+        r = train_ok(corpus, out, "--steps", 2)
         assert f"saving to {out}\n" in r.stdout and f"charlm chat '{out}'\n" in r.stdout
         info = cli("info", out)
         assert info.exit_code == 0 and info.stdout.startswith(out.name + " ")
@@ -132,7 +119,7 @@ def test_paths_are_shown_literally_never_as_markup(corpus, tmp_path):
 def test_crlf_corpus_simply_works(tmp_path):
     crlf = tmp_path / "windows.txt"
     crlf.write_bytes(CITIZENS.replace("\n", "\r\n").encode("utf-8"))
-    train(crlf, tmp_path / "run", "--steps", 3)
+    train_ok(crlf, tmp_path / "run", "--steps", 3)
     ckpt = checkpoint.load(tmp_path / "run")
     assert "\r" not in ckpt.tokenizer.decode(list(range(ckpt.tokenizer.vocab_size)))
     assert ckpt.tokenizer.vocab_size == len(set(CITIZENS))
@@ -171,7 +158,7 @@ def test_resume_with_steps_after_a_timed_run(corpus, tmp_path):
     """Regression: a run trained with --max-time kept its time budget on `--resume --steps N`, so it
     stopped at once, as its time had already run out."""
     out = tmp_path / "run"
-    train(corpus, out, "--max-time", "0.5s")
+    train_ok(corpus, out, "--steps", 10**6, "--max-time", "0.5s")  # stopped by the clock
     reached = checkpoint.read(out / LAST).step
     r = cli("train", corpus, "--out", out, "--resume", "--steps", reached + 4)
     assert r.exit_code == 0, r.output
@@ -490,3 +477,21 @@ def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(corpus, tmp_path):
     assert r.exit_code == 0, r.output
     assert f"resuming at step {step}" in r.stdout
     assert checkpoint.read(out / LAST).step == step + 3
+
+
+def test_info_says_what_it_skipped_of_a_damaged_metrics_file(old_pt, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / OLD_LAST).write_bytes(old_pt.read_bytes())
+    row = {"step": 1, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": 0.1}
+    (run / "metrics.jsonl").write_bytes(json.dumps(row).encode() + b"\n\xff torn")
+    r = cli("info", run)
+    assert r.exit_code == 0 and "please report" not in r.output, r.output
+    assert r.stderr.strip() == f"skipped 1 unreadable line of {run / 'metrics.jsonl'}"
+
+
+def test_a_flag_for_another_kind_of_model_is_not_silently_ignored(tmp_path, cmp_corpus):
+    """Found: `--model lstm --heads 4` trained an LSTM without a word about --heads."""
+    r = cli("train", cmp_corpus, *TINY, "--model", "lstm", "--heads", "4", "--steps", "2", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert "--heads applies to transformer runs only: ignored for this lstm run" in r.stderr

@@ -8,10 +8,15 @@ import re
 import pexpect
 import pytest
 from click.testing import CliRunner
-from conftest import charlm_pty, cli, strip_ansi
+from conftest import (
+    charlm_pty,
+    cli,
+    strip_ansi,
+)
 from rich.console import Console
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.comparison import Comparison
 from charlm.generate import SampleConfig, Streamer
@@ -378,3 +383,28 @@ def test_json_with_an_eval_file_a_model_cannot_read_prints_only_json(cmp_runs, t
     assert r.exit_code == 0, r.output
     lstm, bpe = json.loads(r.stdout)["models"]
     assert "never saw: 'é'" in lstm["eval_note"] and lstm["eval_bpc"] is None and bpe["eval_bpc"] > 0
+
+
+def test_compare_labels_best_and_last_of_one_run_apart(gen_runs):
+    """Regression (item 22): `compare runs/x/best.pt runs/x/last.pt` labelled both rows by the run's name only."""
+    run = gen_runs["tf"]
+    r = cli("compare", run / BEST, run / LAST, "-n", "3", "-p", "RO", "--seed", "0")
+    assert r.exit_code == 0, r.output
+    assert f"{run.name} ({BEST})" in r.output and f"{run.name} ({LAST})" in r.output
+
+
+def test_compare_of_char_and_bpe_writes_texts_as_long_and_says_what_n_counts(cmp_runs):
+    """Found: -n counts tokens, so compare of a char and a BPE model showed panels of very different lengths. When
+    the models' tokens differ, -n counts characters (compare --help and the notes say so); otherwise tokens."""
+    import json
+
+    mixed = json.loads(cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "-p", "the cat", "-n", "20", "--json").stdout)
+    assert [m["chars"] for m in mixed["models"]] == [20, 20] and mixed["max_tokens_counts"] == "characters"
+    tf, bpe = mixed["models"]
+    assert tf["tokens"] == 20 and bpe["tokens"] < 20  # a BPE token holds several characters
+    r = cli("compare", cmp_runs["tf"], cmp_runs["bpe"], "-p", "the cat", "-n", "20", "--seed", "1")
+    notes = " ".join(r.stdout.split())
+    assert "--max-tokens 20 counts characters here (the models' tokens differ in size)" in notes
+    same = cli("compare", cmp_runs["tf"], cmp_runs["lstm"], "-p", "the cat", "-n", "20", "--seed", "1", "--json")
+    assert json.loads(same.stdout)["max_tokens_counts"] == "tokens" and "counts" not in same.stderr
+    assert "--max-tokens counts characters" in " ".join(cli("compare", "--help").stdout.split())

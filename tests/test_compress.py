@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import cli, one_line_error, stored_payload
 
 from charlm import checkpoint, quantized
 from charlm.checkpoint import BEST
@@ -28,7 +29,6 @@ from charlm.models import build_model
 from charlm.models.inspect import knockouts, nats
 from charlm.models.rnn import gate_rows
 from charlm.options import CompressOptions
-from tests.conftest import cli, one_line_error, stored_payload
 
 
 def numpy_dequantize(e: dict, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,7 +285,7 @@ def test_crafted_compressed_checkpoints_are_refused_with_one_line(compressed, tm
 
 
 def test_info_and_runs_read_a_compressed_run_without_torch(compressed):
-    from tests.test_startup import imported
+    from conftest import imported
 
     assert imported("info", compressed["tf"]) == []
     assert imported("runs", compressed["tf"].parent, "--json") == []
@@ -615,18 +615,9 @@ def test_report_shows_its_progress_in_a_real_terminal(view_runs, tmp_path):
     """Issue 37: `--report` ran 6m20s with a blank terminal. In a pty (80 × 24) the phases appear while it
     measures, then the table, which fits."""
     import pexpect
+    from conftest import charlm_pty, strip_ansi
 
-    from tests.conftest import strip_ansi
-
-    env = {**os.environ, "CHARLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "charlm", "compress", str(view_runs["tf"]), "--report", "--tokens", "256"],
-        env=env,
-        dimensions=(24, 80),
-        encoding="utf-8",
-        timeout=180,
-    )
+    child = charlm_pty(tmp_path, "compress", view_runs["tf"], "--report", "--tokens", "256", size=(80, 24), timeout=180)
     child.expect("scoring the original on")
     child.expect("int4: writing, loading back and scoring")
     child.expect(pexpect.EOF)

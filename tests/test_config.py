@@ -4,11 +4,12 @@ default is the field's (or the preset's), or is marked internal; every option ha
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import fields, replace
 
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import TINY
+from conftest import CITIZENS, TINY, cli, one_line_error
 
 from charlm.cli import main
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
@@ -263,3 +264,63 @@ def test_a_field_range_reads_as_it_is_written():
     assert str(Range(0, 1, high_open=True)) == "in [0, 1)" and str(Range(1, 10**12)) == "between 1 and 10^12"
     assert 1 in Range(1, 64) and 64 in Range(1, 64) and 0 not in Range(1, 64) and float("nan") not in Range(0)
     assert 1 not in Range(0, 1, high_open=True) and 0 not in Range(0, low_open=True)
+
+
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["train", "c.txt", "--out", ""], "--out"),  # trained into the current directory before
+        (["sample", "run", "--prompt-file", ""], "--prompt-file"),
+        (["attn", "run", "--prompt-file", ""], "--prompt-file"),
+        (["compare", "a", "b", "--eval", ""], "--eval"),  # was taken as no --eval at all
+        (["lab", "copy", "--out", ""], "--out"),
+        (["lab", "ablate", "run", "--text", ""], "--text"),
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_here_or_nothing(tmp_path, monkeypatch, args, flag):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text(CITIZENS, encoding="utf-8")
+    one_line_error(cli(*args), f"{flag} is empty: give a path, or leave it out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]  # nothing written
+
+
+def whole_number_fields(cls):
+    return [f for f in fields(cls) if str(f.type).removesuffix(" | None") == "int"]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_no_config_accepts_a_number_a_checkpoint_cannot_hold(kind):
+    """Regression (issue 26 item 1): --warmup 18446744073709551616 (or --eval-interval that large, or --steps
+    of 20 digits with --max-time) trained and said "training done", and then info, sample and --resume all
+    refused best.pt ("it holds a number of 65 bits"): the whole run was lost. Every whole-number field of the
+    configs a checkpoint records now has an upper bound below 2^64, for every model kind, so the flags refuse
+    such numbers before any work."""
+    model = ModelConfig(kind=kind, vocab_size=65)
+    for f in whole_number_fields(ModelConfig):
+        with pytest.raises(ConfigError):
+            replace(model, **{f.name: 2**64}).validate()
+    for tokenizer in ("char", "bpe"):
+        train = TrainConfig(tokenizer=tokenizer)
+        for f in whole_number_fields(TrainConfig):
+            with pytest.raises(ConfigError):
+                replace(train, **{f.name: 2**64}).validate()
+    with pytest.raises(ConfigError):
+        replace(TrainConfig(), max_time=float("inf")).validate()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--warmup", "18446744073709551616"],
+        ["--eval-interval", "18446744073709551616"],
+        ["--steps", "99999999999999999999", "--max-time", "15s"],
+        ["--max-time", "9" * 400],
+        ["--eval-iters", "1000000000"],
+        ["--sample-tokens", "1000000000"],
+    ],
+)
+def test_a_run_with_a_number_no_checkpoint_holds_is_refused_before_any_work(corpus, tmp_path, flags):
+    out = tmp_path / "run"
+    r = cli("train", corpus, *TINY, "--steps", "3", "--out", out, *flags)
+    one_line_error(r, flags[0])
+    assert not out.exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CITIZENS, TINY, cli, one_line_error, train_ok
 
 from charlm import data
 from charlm.data import (
@@ -373,3 +374,98 @@ def test_bits_per_char():
     assert bits_per_char(math.log(2), 1.0) == pytest.approx(1.0)
     assert bits_per_char(2 * math.log(2), 4.0) == pytest.approx(0.5)
     assert bits_per_char(math.log(65), 1.0) == pytest.approx(math.log2(65))
+
+
+def cache_entry(tmp_path):
+    (npy,) = (tmp_path / "cache" / "tokens").glob("*.npy")
+    return npy
+
+
+def test_a_corpus_replaced_while_it_is_read_is_never_cached_under_the_old_hash(corpus, tmp_path, monkeypatch):
+    """Regression (item 2): the corpus was hashed, then read again to be encoded; replaced in between (`mv B A`,
+    as editors and git checkout save), B's tokens were cached under A's hash, and every later run of A
+    trained on B's tokens. Now the bytes encoded are hashed in the same pass: a mismatch caches nothing and
+    says what happened."""
+    from charlm import data
+
+    other = "Another text entirely, with its own letters: zebra quiz.\n" * 40
+    real = data.iter_corpus
+
+    def replaced_after_hashing(path, *args, **kw):  # the file changes between the hash and the encoding
+        corpus.write_text(other, encoding="utf-8")
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(data, "iter_corpus", replaced_after_hashing)
+    sha = data.corpus_sha256(corpus)
+    tok = data.CharTokenizer.train([CITIZENS + other])
+    with pytest.raises(data.CorpusError, match="changed while charlm read it"):
+        data.encode_corpus(corpus, tok, sha256=sha)
+    assert list((tmp_path / "cache").rglob("*.npy")) == []  # nothing cached under the old hash
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["short", "float32", "ids beyond the vocabulary", "other ids", "2-D", "truncated", "garbage", "empty", "object"],
+)
+def test_a_damaged_cache_entry_is_never_used_but_rebuilt(corpus, tmp_path, damage):
+    """Regression (items 3, 10, 12): a damaged token-cache entry was used unchecked (a 5,000-token array under
+    a corpus's key trained on "4,500 train tokens"; a float32 array was cast silently) or crashed without
+    naming the cache file (ids beyond the vocabulary: IndexError; a truncated .npy: mmap length; garbage:
+    pickle ValueError; an empty file: "interrupted", exit 130). Each entry is now checked on read (its
+    record, length, dtype, shape, id range) and rebuilt when it is not what its name says."""
+    import numpy as np
+
+    train_ok(corpus, tmp_path / "first")
+    npy = cache_entry(tmp_path)
+    want = np.load(npy).copy()
+    if damage == "short":
+        np.save(npy, want[:-50])
+    elif damage == "float32":
+        np.save(npy, want.astype(np.float32))
+    elif damage == "ids beyond the vocabulary":
+        bad = want.copy()
+        bad[5] = 60000
+        np.save(npy, bad)
+    elif damage == "other ids":  # same length, dtype and id range: only the record's sha256 tells
+        np.save(npy, want[::-1].copy())
+    elif damage == "2-D":
+        np.save(npy, np.stack([want, want]))
+    elif damage == "truncated":
+        npy.write_bytes(npy.read_bytes()[:200])
+    elif damage == "garbage":
+        npy.write_bytes(b"\x93NUMPY garbage" * 10)
+    elif damage == "empty":
+        npy.write_bytes(b"")
+    elif damage == "object":
+        np.save(npy, np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
+    r = train_ok(corpus, tmp_path / "second")
+    assert f"{len(want) - int(len(want) * 0.1):,} train" in r.output  # the whole corpus, not the damaged entry
+    rebuilt = np.load(npy)
+    assert rebuilt.dtype == want.dtype and np.array_equal(rebuilt, want)  # rebuilt
+
+
+def test_a_stale_or_damaged_tokenizer_cache_is_retrained(corpus, tmp_path):
+    """Regression (items 12, 21): tokenizer-cache JSON garbage crashed without naming the file, and a stale
+    cached tokenizer on a new run said "…instead of resuming". Either is now trained again."""
+    train_ok(corpus, tmp_path / "first")
+    (tok,) = (tmp_path / "cache" / "tokenizers").glob("*.json")
+    for text in ("{garbage", '{"kind": "char", "chars": ["a", "b"]}'):
+        tok.write_text(text, encoding="utf-8")
+        for npy in (tmp_path / "cache" / "tokens").glob("*"):
+            npy.unlink()
+        train_ok(corpus, tmp_path / f"again-{len(text)}")
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_the_real_reason(corpus, tmp_path, monkeypatch):
+    """Regression (items 13, 21): CHARLM_CACHE pointing at a plain file or a symlink loop crashed with
+    NotADirectoryError or ELOOP from the temp-file clean-up, which hid the real error; a cache that cannot be
+    written said "free some space" whatever the reason. Now: one line naming the path, with the advice that
+    fits (space only for a full disk)."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for cache in (plain, loop):
+        monkeypatch.setenv("CHARLM_CACHE", str(cache))
+        err = one_line_error(cli("train", corpus, *TINY, "--steps", "1", "--out", tmp_path / "run"), str(cache))
+        assert "free some space" not in err and "unexpected" not in err

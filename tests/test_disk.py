@@ -64,13 +64,6 @@ def one_line_error(r, *fragments: str) -> str:
     return err
 
 
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "citizens.txt"
-    path.write_text(CITIZENS, encoding="utf-8")
-    return path
-
-
 def test_a_full_disk_while_saving_checkpoints(corpus, tmp_path, small_disk):
     """Regression: a full disk while writing a checkpoint was "unexpected RuntimeError: [enforce fail at
     inline_container.cc...] please report it". The disk here holds the first evaluation's best.pt and

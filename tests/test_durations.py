@@ -9,6 +9,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from conftest import cli, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -156,3 +157,46 @@ def test_a_long_run_of_digits_is_read_in_one_pass():
     code = "from charlm.settings import parse_duration as p\ntry:\n    p('9' * 40 + 'x')\nexcept ValueError as e:\n    print(e)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "cannot read duration" in proc.stdout, proc.stderr
+
+
+def test_durations_read_back_every_way_charlm_writes_them():
+    from charlm.settings import parse_duration
+    from charlm.views.text import duration
+
+    for seconds in (0.4, 9.7, 45, 124, 3900):
+        assert parse_duration(duration(seconds)) == pytest.approx(seconds, abs=0.05 if seconds < 10 else 30)
+    # what other programs and people write
+    for text, seconds in [
+        ("1m30s", 90),
+        ("2m04s", 124),
+        ("0:05:30", 330),
+        ("14 s", 14),
+        ("2.0m", 120),
+        ("1h05m", 3900),
+    ]:
+        assert parse_duration(text) == seconds, text
+    with pytest.raises(ValueError):
+        parse_duration("1m30")  # 30 what?
+
+
+def test_max_time_takes_minutes_and_seconds(tmp_path, cmp_corpus):
+    """Found: `--max-time 1m30s` was refused, though `charlm runs` prints durations as 2m04s."""
+    from charlm.config import TrainConfig
+    from charlm.flags import from_flags
+
+    assert from_flags(TrainConfig, {"max_time": "1m30s"}).max_time == 90
+    one_line_error(cli("train", cmp_corpus, "--max-time", "1m30", "--out", tmp_path / "run"), "1m30s")
+    assert not (tmp_path / "run").exists()
+
+
+def test_plot_writes_training_time_as_every_other_output_does():
+    """Found: one kind of duration was written six ways, `123.805` on plot's time axis among them."""
+    from charlm.views.runs import loss_chart
+
+    for n in (5, 30):  # the measured times as ticks (a few points), or evenly spaced ones
+        points = [
+            {"step": k, "elapsed": 123.805 * k / (n - 1), "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0}
+            for k in range(n)
+        ]
+        chart = loss_chart({"run": points}, x="time", width=70, height=12, color=False)
+        assert "2m04s" in chart and "123.8" not in chart and "training time" in chart, chart

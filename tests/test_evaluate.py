@@ -1,6 +1,7 @@
 """charlm.evaluate and `charlm eval`: every token but the first scored exactly once, against
 independent references (one full forward pass; a per-token recomputation of the documented windows)."""
 
+import io
 import json
 import math
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cli, one_line_error
+from conftest import cli, one_line_error, strip_ansi
+from rich.console import Console
 
 from charlm.config import ModelConfig
 from charlm.data import CorpusError
@@ -186,3 +188,40 @@ def test_cli_eval_user_errors_are_one_line(cmp_runs, cmp_corpus, tmp_path):
     one_line_error(cli("eval", cmp_runs["tf"], cmp_corpus, "--stride", "0"), "--stride")
     dropped = cli("eval", cmp_runs["tf"], tmp_path / "accents.txt", "--unknown", "drop", "--json")
     assert dropped.exit_code == 0 and json.loads(dropped.stdout)["unknown_dropped"] == 1
+
+
+def test_the_eval_bar_says_time_left_from_measured_speed_not_the_warm_up(monkeypatch):
+    """Found: LSTM eval showed an ETA of 1m19s that finished in 18 s: the first, warming-up batch set the pace."""
+    import charlm.views.eval as view
+
+    clock = iter([130.0, 131.0, 132.0])  # the first batch ends at 130 s (after a warm-up), the next takes 1 s
+    monkeypatch.setattr(view.time, "perf_counter", lambda: next(clock))
+    screen = io.StringIO()
+    with view.EvalProgress(Console(file=screen, force_terminal=True, width=100)) as progress:
+        progress(1024, 10240)
+        assert "measuring speed" in strip_ansi(screen.getvalue())
+        progress(2048, 10240)  # 1024 tokens/s since the first call: 8192 tokens left take 8 s
+        assert "8.0s left" in strip_ansi(screen.getvalue())
+        progress(3072, 10240)
+
+
+@pytest.mark.parametrize("cols", [60, 80, 120])
+def test_the_eval_bar_keeps_its_numbers_whole(cols):
+    """Found with the audit: at 60 and 80 columns compare --eval's bar read `eval tinyshakespeare-… tokens ·…`: the
+    counts and the time left were cut. The numbers now stay whole; a long label gives way, with an ellipsis."""
+    import re
+    import time
+
+    from charlm.views.eval import EvalProgress
+
+    for label in ("evaluating", "eval tinyshakespeare-transformer-char"):
+        console = Console(file=io.StringIO(), width=cols, force_terminal=True, color_system=None)
+        bar = EvalProgress(console, label)
+        bar(100, 100_000)
+        time.sleep(0.02)
+        bar(2_000, 100_000)
+        bar.__exit__(None, None, None)
+        screen = strip_ansi(re.sub(r"\r", "\n", console.file.getvalue()))
+        line = [line for line in screen.splitlines() if line.strip()][-1]
+        assert re.search(r"2,000/100,000 tokens · \d+(\.\d)?s left$", line), line
+        assert line.startswith(label) or (cols < 80 and line.startswith(label[:10]) and "…" in line), line

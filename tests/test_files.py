@@ -237,3 +237,43 @@ def test_a_fifo_as_chat_history_never_hangs_chat(cmp_runs, chat_pty, tmp_path):
     child.expect(pexpect.EOF, timeout=60)
     child.close()
     assert child.exitstatus == 0 and stat.S_ISFIFO(os.lstat(tmp_path / "cache" / "chat_history").st_mode)
+
+
+def test_a_fifo_or_device_is_not_a_regular_file(tmp_path):
+    """Regression: a FIFO given as a checkpoint hung for ever; as a corpus it was "empty"."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
+    for args, message in [
+        (["info", fifo], f"{fifo} is not a regular file: give a checkpoint file or a run directory"),
+        (["train", fifo, "--out", tmp_path / "out"], f"{fifo} is not a regular file; give the path of a text file"),
+        (["train", "/dev/zero", "--out", tmp_path / "out"], "/dev/zero is not a regular file"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "charlm", *map(str, args)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert proc.returncode == 1 and proc.stderr.strip() == f"error: {message}" or message in proc.stderr, (
+            proc.stderr
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_nothing_charlm_writes_replaces_a_fifo_or_follows_a_link(tmp_path):
+    """Regression (item 7): chat's /save onto a FIFO or a device node replaced it with a regular file (as
+    root, /save /dev/null replaced the system's /dev/null). Every file charlm writes goes through
+    files.atomic_write or files.append_line, which now refuse anything but a regular file."""
+    import os
+    import stat
+
+    from charlm import files
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "target")
+    for path in (fifo, link):
+        with pytest.raises(files.WriteError, match="not a regular file"):
+            files.atomic_write(path, lambda f: f.write(b"x"))
+        with pytest.raises(files.WriteError):
+            files.append_line(path, "x")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink() and not (tmp_path / "target").exists()

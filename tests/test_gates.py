@@ -308,3 +308,15 @@ def test_cli_gates_reads_the_prompt_from_a_file_or_stdin_and_names_its_flags(vie
     assert "showing tokens 39..48; move with --end N, size with --tokens N" in direct.stdout
     r = cli("gates", view_runs["lstm"], "--prompt", "x", "--prompt-file", tmp_path / "p.txt")
     assert r.exit_code != 0 and "give --prompt or --prompt-file, not both" in r.stderr
+
+
+def test_gates_ascii_glyphs_mean_one_thing_each(view_runs):
+    """Found: in gates --ascii, - and + meant middling gate values in the gate panels and a sign in the sign legend;
+    _ was both the space label and the strongest negative value."""
+    from charlm.views.heatmap import GATES_ASCII_RAMP, SIGNED_RAMPS
+
+    out = cli("gates", view_runs["lstm"], "To be, or not", "--ascii", "--units", "3", "--width", "100").stdout
+    pos, neg = SIGNED_RAMPS[True]
+    assert not (set(GATES_ASCII_RAMP) - set(" .@")) & set(pos + neg)  # faint . and strongest @ alike in both
+    assert "_" not in pos + neg and "_" in out  # _ is the space label only
+    assert "scale: " + GATES_ASCII_RAMP[1:] in out and "sign: + " + pos[1:] + "  - " + neg[1:] in out

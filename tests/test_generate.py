@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import cli
 
 from charlm.config import ModelConfig
 from charlm.errors import ConfigError
@@ -607,3 +608,41 @@ def test_stream_draws_what_one_uniform_per_token_draws(settings):
     want = CHARS.decode(tokens)
     assert text == (want[: want.index("e")] if settings.stop else want)
     assert torch.equal(g.get_state(), g_ref.get_state())
+
+
+@pytest.mark.parametrize(
+    "logits, wanted",
+    [
+        ([0.0, math.nan, 1.0, 0.0], {0, 2, 3}),  # NaN has no mass
+        ([0.0, math.inf, 1.0, math.inf], {1, 3}),  # the +inf ones share all of it
+        ([3e38, -3e38, 0.0, 1.0], {0}),  # finite, but 3e38 / 0.8 overflowed to inf: NaN probabilities
+        ([-math.inf, math.nan, -math.inf, -math.inf], {0, 1, 2, 3}),  # no token has any: every token alike
+    ],
+    ids=["nan", "inf", "huge", "none"],
+)
+@pytest.mark.parametrize(
+    "settings",
+    [SampleConfig(), SampleConfig(top_p=0.5), SampleConfig(top_k=2), SampleConfig(repetition_penalty=1.5)],
+    ids=["plain", "top-p", "top-k", "penalty"],
+)
+def test_logits_that_are_not_all_numbers_still_give_a_token(logits, wanted, settings):
+    """The sampler's property test: a model whose (finite) weights are huge overflows to inf or NaN logits. With top-p,
+    sample_next_token raised IndexError ("unexpected ... please report it" in sample and chat); elsewhere it
+    drew from NaN probabilities (any token, the last most often) with a RuntimeWarning on the terminal."""
+    logits = torch.tensor(logits)
+    probs = sampling_probs(logits, settings, torch.tensor([1, 2]))
+    assert abs(float(probs.sum()) - 1) < 1e-6 and set(torch.nonzero(probs).flatten().tolist()) <= wanted
+    generator = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = {sample_next_token(logits, settings, generator, torch.tensor([1, 2])) for _ in range(20)}
+    assert drawn <= wanted and all(probs[i] > 0 for i in drawn)
+
+
+def test_a_top_p_below_float32s_smallest_keeps_the_first_token(old_pt):
+    """The sampler property test: a top_p of 1e-50 is valid (in (0, 1]) but 0 in float32, so no token was kept:
+    IndexError ("unexpected ... please report it" in `charlm sample --top-p 1e-50`)."""
+    probs = sampling_probs(torch.tensor([0.0, 1.0, 0.5]), SampleConfig(top_p=1e-50))
+    assert probs.tolist() == [0.0, 1.0, 0.0]
+    r = cli("sample", old_pt, "-n", "3", "--top-p", "1e-50", "--seed", "0")
+    assert r.exit_code == 0, r.output

@@ -336,3 +336,12 @@ def test_presets_exist_for_every_family_and_validate():
             TrainConfig(**train).validate()
     with pytest.raises(ConfigError, match="unknown preset 'huge': choose one of tiny, small, medium"):
         preset("transformer", "huge")
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
+def test_the_parameter_count_without_a_model_is_the_real_count(kind):
+    from charlm.models import config_params, count_params
+
+    for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
+        cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)
+        assert config_params(cfg) == count_params(build_model(cfg)), cfg

@@ -9,9 +9,13 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from conftest import charlm_pty, tiny_train
+from conftest import (
+    charlm_pty,
+    cli,
+    tiny_train,
+)
 
-from charlm import checkpoint
+from charlm import checkpoint, runs
 from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig
@@ -115,3 +119,66 @@ def test_a_terminal_gets_colour_unless_no_color(curves, tmp_path, no_color):
     assert child.exitstatus == 0, out
     assert ("\x1b[" in out) is not no_color
     assert "train" in out and "val" in out
+
+
+def metrics_line(step: int) -> str:
+    return json.dumps({"step": step, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": step / 10})
+
+
+def test_plot_of_many_runs_keeps_its_legend(tmp_path):
+    """Regression (item 22): `plot` with 9 or more runs dropped the legend without a word (plotext leaves it
+    out when it does not fit inside the chart). It now follows the chart."""
+    dirs = []
+    for i in range(10):
+        d = tmp_path / f"run{i:02d}"
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(metrics_line(s) + "\n" for s in (10, 20, 30)))
+        dirs.append(d)
+    r = cli("plot", *dirs)
+    assert r.exit_code == 0, r.output
+    for d in dirs:
+        assert f"{d.name} val" in r.output and f"{d.name} train" in r.output
+
+
+def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path):
+    """Regression (item 22): a 400 MB metrics.jsonl made `info` and `plot` take 70 s and 3.3 GB. At most its
+    last 16 MB are read (about 120,000 evaluations; a run writes ~20), and a note says so."""
+    from charlm import runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    line = metrics_line(1) + "\n"
+    with open(run / "metrics.jsonl", "w") as f:
+        f.write(line * ((20 << 20) // len(line)))
+    metrics = runs.read_metrics(run)
+    assert 0 < len(metrics.rows) <= (16 << 20) // len(line) and metrics.skipped == 0
+    assert "read only the last 16 MB" in metrics.note
+    r = cli("plot", run)
+    assert r.exit_code == 0 and "read only the last 16 MB" in r.output, r.output
+
+
+def test_a_damaged_metrics_file_is_read_as_far_as_it_goes(tmp_path):
+    """Issue 20's defect: a metrics.jsonl ending in a torn or binary line made info and plot say "unexpected
+    UnicodeDecodeError ... please report it". read_metrics skips and counts what it cannot read."""
+    good = [{"step": s, "train_loss": 2.0, "val_loss": 2.1, "val_bpc": 3.0, "elapsed": s / 10} for s in (10, 20)]
+    lines = [json.dumps(r).encode() for r in good]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join([lines[0], b"\xff\xfe binary", lines[1], b'{"step": 3'][:4]))
+    m = runs.read_metrics(tmp_path)
+    assert m.rows == good and m.skipped == 2
+    assert m.note == f"skipped 2 unreadable lines of {tmp_path / 'metrics.jsonl'}"
+    r = cli("plot", tmp_path, "--json")
+    assert r.exit_code == 0 and [p["step"] for p in json.loads(r.stdout)[0]["evaluations"]] == [10, 20], r.output
+    assert r.stderr.strip() == m.note  # said once, on stderr: the JSON on stdout stays JSON
+    r = cli("plot", tmp_path)
+    assert r.exit_code == 0 and "┤" in r.stdout and r.stderr.strip() == m.note
+
+
+def test_a_validation_loss_of_zero_plots(tmp_path):
+    """V1, found writing the metrics property: a val_loss of 0.0 (a text the model predicts exactly) made
+    `plot` divide by zero turning the training loss into bits per character."""
+    rows = [
+        {"step": s, "train_loss": t, "val_loss": 0.0, "val_bpc": 0.0, "elapsed": s} for s, t in ((1, 0.5), (2, 0.0))
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("plot", tmp_path, "--y", "bpc")
+    assert r.exit_code == 0 and "┤" in r.stdout, r.output

@@ -41,3 +41,12 @@ def test_every_documented_command_exists():
     for name in documented:
         result = CliRunner().invoke(main, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)
+
+
+def test_the_readme_says_to_install_cpu_torch_before_the_command_it_must_precede():
+    """Found: the note on the CPU build of PyTorch came after the command it must precede."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    setup = readme.split("## Set-up", 1)[1]
+    assert setup.index("download.pytorch.org/whl/cpu") < setup.index("pip install -e . && charlm train")

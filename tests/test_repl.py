@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -9,7 +10,12 @@ import sys
 
 import pexpect
 import pytest
-from conftest import charlm_pty, strip_ansi
+from conftest import (
+    charlm_pty,
+    cli,
+    strip_ansi,
+)
+from rich.console import Console
 
 from charlm import checkpoint
 from charlm.generate import SampleConfig, Streamer
@@ -454,3 +460,126 @@ def test_ctrl_l_clears_the_screen_and_keeps_the_line(gen_runs, tmp_path, term):
     child.expect(pexpect.EOF)
     history = (tmp_path / "xdg" / "charlm" / "chat_history").read_text(encoding="utf-8")
     assert "/show" in history and CLEAR_MARK not in history
+
+
+def test_chat_save_onto_a_fifo_is_refused(gen_runs, tmp_path):
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = cli("chat", gen_runs["lstm"], "-n", "2", input=f"/save {fifo}\n")
+    assert "not a regular file" in r.output, r.output
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_keys_typed_while_chat_loads_wait_for_the_prompt(view_runs, tmp_path):
+    """Found: `hellocharlm chat · …`: keys typed before the banner printed above it."""
+    child = charlm_pty(tmp_path, "chat", view_runs["tf"], "-n", "3", size=(80, 24))
+    child.expect("loading")
+    child.send("hello")  # while the model loads
+    child.expect_exact(">>> ")
+    assert "hello" not in strip_ansi(child.before)  # not above the banner
+    child.expect_exact("hello")  # readline shows it at the prompt
+    child.sendline("")
+    child.expect_exact(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_leaves_no_caret_c_inside_the_model_text(view_runs, tmp_path):
+    """Found: `AUMENI^CUS:`: the terminal echoed ^C into the streamed text."""
+    child = charlm_pty(tmp_path, "chat", view_runs["tf"], "-n", "100000000", "--seed", "1", size=(120, 40))
+    child.expect_exact(">>> ")
+    child.sendline("ROMEO:")
+    child.expect("[a-z]{3}")  # it is streaming
+    child.sendintr()
+    child.expect(r"stopped · [\d,]+ tokens")
+    assert "^C" not in child.before
+    child.expect_exact(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+@pytest.fixture
+def chat_session(view_runs):
+    """A Chat on the char Transformer, drawing into a string; said(line) -> what it printed."""
+    from charlm import checkpoint
+    from charlm.commands.chat import Chat
+    from charlm.config import SampleConfig
+
+    screen = io.StringIO()
+    session = Chat(checkpoint.load(view_runs["tf"]), SampleConfig(), Console(file=screen, width=200), interactive=True)
+
+    def said(line: str) -> str:
+        screen.seek(0), screen.truncate()
+        session.handle(line)
+        return screen.getvalue()
+
+    said.session = session
+    return said
+
+
+@pytest.mark.parametrize(
+    "line,setting,value",
+    [
+        ("/set num_predict 50", "max_tokens", 50),
+        ("/set parameter num_predict 50", "max_tokens", 50),
+        ("/set repeat_penalty 1.1", "repetition_penalty", 1.1),
+        ("/set temp 0.5", "temperature", 0.5),
+        ("/set parameter temperature 0.3", "temperature", 0.3),
+        ('/set stop "\\n"', "stop", ["\n"]),
+        ("/set stop '\\n\\n'", "stop", ["\n\n"]),
+        ('/set parameter stop "ROMEO:"', "stop", ["ROMEO:"]),
+    ],
+)
+def test_set_takes_ollamas_words_and_quoted_values(chat_session, line, setting, value):
+    """Found: /set num_predict 50, repeat_penalty, temp and /set parameter num_predict all got the same usage line;
+    /set stop "\\n" kept the quotes (stop = '"\\n"')."""
+    chat_session(line)
+    assert getattr(chat_session.session.settings, setting) == value
+
+
+@pytest.mark.parametrize(
+    "line,meant",
+    [
+        ("/set temprature 0.5", "temperature"),
+        ("/set repetiton_penalty 1.2", "repetition_penalty"),
+        ("/shwo", "/show"),
+        ("/mode contineu", "continue"),
+        ("/attn overveiw", "overview"),
+        ("/gates", None),  # a transformer has none: says which viewer it has
+    ],
+)
+def test_every_repl_word_mistyped_says_what_it_may_have_meant(chat_session, line, meant):
+    out = chat_session(line)
+    if meant:
+        assert f"did you mean {meant}?" in out, out
+    else:
+        assert "/attn" in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_load_takes_a_run_name(chat_session, view_runs, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(view_runs["lstm"], tmp_path / "checkpoints" / "rhymes-lstm-char")
+    assert chat_session("/load rhymes-lstm-char").startswith("loaded ")
+    assert chat_session.session.ckpt.model_config.kind == "lstm"
+
+
+def test_a_prompt_longer_than_the_context_is_cut_with_a_word_and_the_counter_is_honest(chat_session, view_runs):
+    """Found: sample and chat cut a prompt longer than the context without a word; chat showed `context 65/64`
+    and /show `running text 65 tokens` after a 146-token turn."""
+    long = "ROMEO: " + "But soft, what light through yonder window breaks? " * 2  # 109 chars; context 48
+    chat_session("/set max_tokens 5")
+    out = chat_session(long)
+    assert "the prompt is 109 tokens: the model sees its last 48 (its context)" in out
+    assert "context: the last 48 of 114 tokens" in " ".join(out.split())
+    assert re.search(r"running text\s+114 tokens \(the model sees the last 48\)", chat_session("/show"))
+    short = chat_session("ROMEO:")
+    assert "context 11/48" in short and "sees its last" not in short
+    r = cli("sample", view_runs["tf"], long, "-n", "3")
+    assert r.exit_code == 0 and "the prompt is 109 tokens: the model sees its last 48" in r.stderr
+    assert "sees its last" not in cli("sample", view_runs["tf"], "ROMEO:", "-n", "3").stderr

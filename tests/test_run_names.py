@@ -35,3 +35,18 @@ def test_an_empty_checkpoint_name_is_refused(cmp_runs, cmp_corpus, tmp_path, mon
 
 def test_a_blank_teacher_is_refused(cmp_corpus, tmp_path):
     one_line_error(cli("train", cmp_corpus, "--teacher", " ", "--out", tmp_path / "run"), EMPTY)
+
+
+def test_a_model_is_named_by_its_run_name(view_runs, tmp_path, monkeypatch):
+    """Found: `charlm sample tinyshakespeare-transformer-char` (the name charlm runs prints) said "no such
+    checkpoint"."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    for name, run in [("rhymes-transformer-char", view_runs["tf"]), ("rhymes-lstm-char", view_runs["lstm"])]:
+        shutil.copytree(run, tmp_path / "checkpoints" / name)
+    r = cli("sample", "rhymes-transformer-char", "-p", "ROMEO:", "-n", "5", "--seed", "1")
+    assert r.exit_code == 0 and r.stdout.startswith("ROMEO:"), r.output
+    assert cli("info", "rhymes-lstm", "--json").exit_code == 0  # a unique start of a name
+    one_line_error(cli("sample", "rhymes", "-p", "x"), "could be 2 runs", "rhymes-lstm-char, rhymes-transformer-char")
+    one_line_error(cli("sample", "sonnets", "-p", "x"), "no such checkpoint or run: sonnets", "charlm runs")

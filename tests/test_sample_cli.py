@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 
 import pexpect
 import pytest
 from click.testing import CliRunner
-from conftest import charlm_pty
+from conftest import (
+    charlm_pty,
+    cli,
+    one_line_error,
+)
 
 from charlm import checkpoint
+from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.errors import ConfigError
 from charlm.generate import SampleConfig, Streamer
@@ -170,3 +177,40 @@ def test_sample_is_a_plain_function_whose_options_are_the_flags(gen_runs):
     assert second == (texts[1] if texts[1].endswith("\n") else texts[1] + "\n")
     with pytest.raises(ConfigError, match="--num-samples must be at least 1"):
         next(sample(gen_runs["tf"], "ROMEO:", settings, SampleOptions(num_samples=0)))
+
+
+def test_sample_of_a_run_whose_best_pt_is_damaged_points_at_last_pt(gen_runs, tmp_path):
+    """Regression (item 21): a damaged best.pt beside a good last.pt said "train again", with no word of
+    last.pt (which `sample RUN` passes over for best.pt)."""
+    run = tmp_path / "run"
+    shutil.copytree(gen_runs["lstm"], run)
+    (run / BEST).write_bytes(b"PK\x03\x04 damaged")
+    one_line_error(cli("sample", run, "-n", "2"), f"{run / LAST} may be intact: use it, or move {BEST} away")
+    assert cli("sample", run / LAST, "-n", "2").exit_code == 0
+
+
+def test_endless_prompts_end_in_one_line(gen_runs, tmp_path):
+    """Regression (item 20): `sample --prompt-file /dev/zero` and `yes | charlm sample` read until memory ran
+    out. A prompt is read up to 16 MB (far beyond any context), then refused in one line."""
+    one_line_error(cli("sample", gen_runs["lstm"], "--prompt-file", "/dev/zero"), "more than 16 MB")
+    one_line_error(cli("attn", gen_runs["tf"], "--prompt-file", "/dev/zero"), "more than 16 MB")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHARLM_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(
+        f"yes | {shlex.quote(sys.executable)} -m charlm sample {shlex.quote(str(gen_runs['lstm']))}",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "more than 16 MB" in r.stderr, r.stderr
+
+
+def test_the_prompt_may_be_an_argument(view_runs):
+    """Found: `charlm sample CKPT "ROMEO:"` -> "Got unexpected extra argument (ROMEO:)"."""
+    by_flag = cli("sample", view_runs["tf"], "-p", "ROMEO:", "-n", "20", "--seed", "3")
+    by_argument = cli("sample", view_runs["tf"], "ROMEO:", "-n", "20", "--seed", "3")
+    assert by_argument.exit_code == 0 and by_argument.stdout == by_flag.stdout
+    assert cli("attn", view_runs["tf"], "ROMEO:", "--width", "80").exit_code == 0
+    assert cli("gates", view_runs["lstm"], "ROMEO:", "--width", "80").exit_code == 0
+    one_line_error(cli("sample", view_runs["tf"], "ROMEO:", "-p", "JULIET:"), "give the text once")

@@ -48,13 +48,6 @@ SAVING = [
 ]
 
 
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "citizens.txt"
-    path.write_text(CITIZENS, encoding="utf-8")
-    return path
-
-
 class Train:
     """`charlm train CORPUS ARGS...` in its own process, its stdout read line by line."""
 

@@ -1,3 +1,4 @@
+import json
 import random
 import re
 
@@ -188,3 +189,56 @@ def test_decode_accepts_numpy(char, bpe):
     for tok in (char, bpe):
         ids = tok.encode("the cat")
         assert tok.decode(np.array(ids, dtype=np.uint16)) == "the cat"
+
+
+TOKENIZERS = [
+        ("[]", "unknown tokenizer kind None"),  # AttributeError: 'list' object has no attribute 'get'
+        ('{"kind": "char", "chars": 5}', "a char vocabulary must be"),  # TypeError: 'int' object is not iterable
+        ('{"kind": "char", "chars": [1, 2]}', "a char vocabulary must be"),  # TypeError: len() of an int
+        ('{"kind": "char"}', "a char vocabulary must be"),  # KeyError: 'chars'
+        ('{"kind": "char", "chars": ["a", "\\ud800"]}', "a char vocabulary must be"),  # accepted; printing failed
+        ('{"kind": "bpe"}', "a BPE tokenizer holds a Hugging Face tokenizer"),  # KeyError: 'tokenizer'
+        ('{"kind": "bpe", "tokenizer": {}}', "not a Hugging Face tokenizer"),  # the library's bare Exception
+        ("[" * 100_000, "a tokenizer is JSON, and this is not (RecursionError)"),  # RecursionError
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, message", TOKENIZERS, ids=[t[:24] for t, _ in TOKENIZERS])
+def test_a_bad_tokenizer_is_a_value_error(text, message):
+    """Property tests: tokenizer_from_json raised AttributeError, TypeError, KeyError or the tokenizers
+    library's bare Exception on JSON that is not a tokenizer (a damaged token cache, data.prepare, was then an
+    "unexpected" error); it is a ValueError that says what is wrong."""
+    with pytest.raises(ValueError) as e:
+        tokenizer_from_json(text)
+    assert type(e.value) is ValueError and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_char_of_an_undecodable_byte_has_its_byte():
+    """The tokenizer property test: a char vocabulary may hold surrogateescape's U+DC80-U+DCFF (they stay
+    allowed), but token_bytes raised UnicodeEncodeError for one: the streaming output of every token."""
+    tok = tokenizer_from_json(json.dumps({"kind": "char", "chars": ["a", "\udcff"]}))
+    assert tok.token_bytes(1) == b"\xff" and tok.decode([0, 1]) == "a\udcff"
+
+
+@pytest.mark.parametrize("drop", ["decoder", "pre_tokenizer", "byte"])
+def test_a_bpe_tokenizer_that_garbles_text_is_refused(drop):
+    """The tokenizer property test: a BPE JSON without its decoder (or pre-tokenizer) loaded, and gave back
+    "0 0" for "00"; one without a byte's token dropped that byte from every text. Both are refused now."""
+    d = json.loads(BPETokenizer.train(["abcabc abab"] * 20, vocab_size=260).to_json())
+    if drop == "byte":
+        del d["tokenizer"]["model"]["vocab"]["!"]
+        d["tokenizer"]["model"]["vocab"] = {k: i for i, k in enumerate(d["tokenizer"]["model"]["vocab"])}
+        d["tokenizer"]["model"]["merges"] = []
+    else:
+        d["tokenizer"][drop] = None
+    with pytest.raises(ValueError, match="all 256 bytes|does not give back the text it encodes"):
+        tokenizer_from_json(json.dumps(d))
+
+
+def test_a_bpe_vocabulary_with_a_gap_is_a_value_error():
+    """A BPE vocabulary that skips an id (id_to_token is None there): TypeError building the token table."""
+    tok = BPETokenizer.train(["abcabc abab"] * 20, vocab_size=260)
+    d = json.loads(tok.to_json())
+    d["tokenizer"]["model"]["vocab"] = {k: v + (v >= 100) for k, v in d["tokenizer"]["model"]["vocab"].items()}
+    with pytest.raises(ValueError, match="byte-level tokens numbered from 0, without gaps"):
+        tokenizer_from_json(json.dumps(d))

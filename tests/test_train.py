@@ -415,3 +415,18 @@ def test_the_trainer_writes_the_samples_and_they_leave_training_alone(corpus, tm
     ckpt = checkpoint.load(tmp_path / "a" / LAST)  # the final sample is the saved model's, seeded by --seed
     want = Streamer(ckpt.model, ckpt.tokenizer).complete([], SampleConfig(temperature=0.8, max_tokens=30, seed=1337))
     assert result.sample == want
+
+
+def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():
+    """Regression: a --max-time run shorter than --warmup steps ended with its learning rate still rising.
+    Decided: with a time budget, warmup also ends after WARMUP_TIME_FRACTION of the time at the latest."""
+    from charlm.schedule import WARMUP_TIME_FRACTION, lr_at
+
+    cfg = TrainConfig(steps=10**9, max_time=10, warmup=1000, lr=1e-2, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0, 0.0) == pytest.approx(1e-5)  # the steps still start the warmup
+    assert lr_at(cfg, 5, 0.5 * WARMUP_TIME_FRACTION * 10) == pytest.approx(0.5e-2)  # half the warmup time: half the lr
+    assert lr_at(cfg, 20, WARMUP_TIME_FRACTION * 10) == pytest.approx(1e-2, rel=0.03)  # warmed up by the clock
+    assert lr_at(cfg, 50, 5.0) == pytest.approx(0.55e-2)  # the cosine halfway
+    assert lr_at(cfg, 99, 10.0) == pytest.approx(1e-3)  # and at its end when the time runs out
+    untimed = TrainConfig(steps=2000, warmup=100, lr=1e-2)
+    assert lr_at(untimed, 49, 1e6) == pytest.approx(0.5e-2)  # without a budget the clock plays no part
