@@ -103,7 +103,10 @@ def main() -> None:
         for where in ("alone", "busy"):
             spinners = []
             if where == "busy":
-                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass  # bench_busy spinner"]) for _ in range(args.spinners)]
+                spinners = [
+                    subprocess.Popen([sys.executable, "-c", "while True: pass  # bench_busy spinner"])
+                    for _ in range(args.spinners)
+                ]
             try:
                 for v in variants:
                     load = os.getloadavg()[0]
