@@ -161,7 +161,11 @@ def family_reading(label: str, records: list[dict], s: dict, kind: str, seeds: l
         )
     good = [r["pairs"] for r in records if min(per_seed(r)) >= GOOD]
     top = f"; ≥ {GOOD:.0%} at P={', '.join(map(str, good))} in {all_seeds}" if good else ""
-    values = f"; it answers with a value of the line {pct(shown)} of the time or more"
+    values = (
+        "; it answers with a value of the line every time"
+        if shown >= 0.9995
+        else f"; it answers with a value of the line at least {pct(shown)} of the time"
+    )
     return f"{label}: {'; '.join(each)} — {verdict}{top}{values}."
 
 
