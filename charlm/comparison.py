@@ -81,7 +81,11 @@ class Comparison:
 
     def __init__(self, ckpts: list[Checkpoint], settings: SampleConfig):
         self.players = [
-            Contestant(c, Streamer(c.model, c.tokenizer), params=c.saved.params or count_params(c.model)) for c in ckpts
+            # the numpy step, never the compiled one: compare may read prompts at a readline prompt (see chat.py)
+            Contestant(
+                c, Streamer(c.model, c.tokenizer, compiled=False), params=c.saved.params or count_params(c.model)
+            )
+            for c in ckpts
         ]
         names = [p.ckpt.name for p in self.players]
         for p in (

@@ -74,7 +74,9 @@ class Chat(Session):
     def talk_to(self, ckpt: Checkpoint, use_cache: bool) -> None:
         """Talk to `ckpt` from now on, with an empty running text."""
         self.ckpt = ckpt
-        self.gen = Streamer(ckpt.model, ckpt.tokenizer, use_cache=use_cache)
+        # never the compiled step: once numba's code loads, a Ctrl-C at the prompt went unanswered 3-6 times in
+        # 10 (readline's wait; 8 of 8 answered without numba); the numpy step serves a conversation
+        self.gen = Streamer(ckpt.model, ckpt.tokenizer, use_cache=use_cache, compiled=False)
         self.total = 0  # tokens in the running text (a Transformer sees the last gen.context of them)
 
     def generate(self, prompt: str) -> None:

@@ -48,9 +48,9 @@ from charlm.models.transformer import Transformer, rope_inv_freq
 # Tokens a Streamer must be about to reach (its numpy steps so far plus the stream's max_tokens) before the kernel
 # starts loading: the load costs ~0.6 s of a core (numba's import and the cached machine code; the first time on a
 # machine, ~15 s of compiling in a child process), and the step saves ~0.14 ms a token at 4 x 128 (0.27 -> 0.13 ms
-# with sampling), so it pays only past a few thousand tokens: a sample of a few hundred never loads it; a long one,
-# or a chat session's later turns, do. (Tests and benchmarks call kernel(wait=True) first: the Streamer then takes
-# the compiled step from its first token.)
+# with sampling), so it pays only past a few thousand tokens: a sample of a few hundred never loads it, a long one
+# does (chat and compare never do: commands/chat.py says why). Tests and benchmarks call kernel(wait=True) first:
+# the Streamer then takes the compiled step from its first token.
 LOAD_AFTER = 2000
 
 _state = {"kernel": None, "failed": False, "thread": None, "cached": None}
