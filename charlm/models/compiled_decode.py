@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 from charlm.models import fast_decode
-from charlm.models.fast_decode import FastDecoder, as_int8, matrices, weights_version
+from charlm.models.fast_decode import FastDecoder, as_int8, matrices, unchanged, weights_version
 from charlm.models.transformer import Transformer, rope_inv_freq
 
 # Tokens a Streamer must be about to reach (its numpy steps so far plus the stream's max_tokens) before the kernel
@@ -170,13 +170,7 @@ class CompiledDecoder:
     supports = staticmethod(supports)
 
     def current(self) -> bool:
-        """Whether the model is still in eval mode, in the same memory, and not updated in place since the copy."""
-        m = self.model
-        return (
-            not m.training
-            and m.tok_emb.weight.data_ptr() == self.weight_at
-            and weights_version(self.params) == self.version
-        )
+        return unchanged(self)
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         return torch.from_numpy(self.step_np(token, trace))

@@ -83,11 +83,23 @@ def weights_version(params: list) -> int:
     return sum(p._version for p in params)
 
 
+def unchanged(decoder) -> bool:
+    """Whether a decoder's copies and views still stand for its model: still in eval mode, its embedding in the
+    same memory (a move to another dtype or device and back leaves views on the old), and no in-place update
+    since they were made (decoder.params listed once, decoder.version then): the cheap check before a step."""
+    m = decoder.model
+    return (
+        not m.training
+        and m.tok_emb.weight.data_ptr() == decoder.weight_at
+        and weights_version(decoder.params) == decoder.version
+    )
+
+
 class FastDecoder:
     def __init__(self, model: Transformer, cache: KVCache):
         cfg = self.cfg = model.cfg
         self.model, self.cache = model, cache
-        self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
+        self.weight_at = model.tok_emb.weight.data_ptr()
         self.params = list(model.parameters())  # listed once: walking the modules costs ~100 us, a token's time
         self.storage, self.version = storage(model), weights_version(self.params)
         nh, C, slots = cfg.n_heads, cfg.d_model, cache.slots
@@ -151,13 +163,7 @@ class FastDecoder:
         return w.dtype == torch.float32 and w.is_cpu
 
     def current(self) -> bool:
-        """Whether supports(model) still holds and the views still see the model's weights (a move to
-        another dtype or device and back leaves them on the old memory) and no in-place update changed them
-        since a copy was made (bf16): the cheap check before a step."""
-        m = self.model
-        return (
-            not m.training and self.weight.data_ptr() == self.weight_at and weights_version(self.params) == self.version
-        )
+        return unchanged(self)
 
     def step(self, token: int, trace: list | None = None) -> torch.Tensor:
         """Logits (vocab,) after feeding `token` at position cache.pos. trace: when given, gets the
