@@ -90,7 +90,7 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
         model_cfg = ModelConfig(kind="transformer", n_layers=2, d_model=64, n_heads=2, context=64)
         cfg = TrainConfig(
             tokenizer=kind,
-            vocab_size=vocab,
+            bpe_vocab=vocab,
             steps=20,
             batch_size=16,
             eval_interval=20,
