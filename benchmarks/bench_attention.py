@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from charlm.config import ModelConfig, TrainConfig
 from charlm.models import build_model, transformer
-from charlm.optim import make_optimizer
 from charlm.presets import preset
 from charlm.runtime import autocast_dtype, cpu_name
+from charlm.training.optim import make_optimizer
 
 
 def timed(fn, n: int) -> tuple[float, float]:

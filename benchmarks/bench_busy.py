@@ -33,8 +33,8 @@ def worker(threads: str, seconds: float) -> None:
     from charlm import runtime
     from charlm.config import ModelConfig, TrainConfig
     from charlm.models import build_model
-    from charlm.optim import make_optimizer
     from charlm.presets import preset
+    from charlm.training.optim import make_optimizer
 
     sizes, train = preset("transformer", "tiny")
     cfg = ModelConfig(**sizes, vocab_size=65)

@@ -1,5 +1,5 @@
 """Checkpoint load time, peak memory and file size: safetensors (best/last.safetensors) against the format
-before it (torch.save's best.pt / last.pt, read by safe_pickle.py and torch.load), for the Transformer's tiny
+before it (torch.save's best.pt / last.pt, read by storage/safe_pickle.py and torch.load), for the Transformer's tiny
 and medium presets, side by side.
 
     python benchmarks/bench_checkpoint.py              # 7 rounds
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASURE = """
 import json, sys, time
 import torch
-from charlm import checkpoint
+from charlm.storage import checkpoint
 def status(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) / 1024
 what, path = sys.argv[1], sys.argv[2]
@@ -47,13 +47,13 @@ print(json.dumps({"s": seconds, "peak_mb": status("VmHWM") - before}))
 def write_checkpoints(preset: str, where: Path) -> dict[str, Path]:
     import torch
 
-    from charlm import checkpoint
-    from charlm.checkpoint import Corpus, Saved
     from charlm.config import ModelConfig, TrainConfig
     from charlm.models import build_model, count_params
-    from charlm.optim import make_optimizer
     from charlm.presets import preset as preset_sizes
+    from charlm.storage import checkpoint
+    from charlm.storage.checkpoint import Corpus, Saved
     from charlm.tokenizer import CharTokenizer
+    from charlm.training.optim import make_optimizer
 
     model_sizes, train_sizes = preset_sizes("transformer", preset)
     chars = [chr(c) for c in range(32, 32 + 65)]

@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from charlm import checkpoint
 from charlm.commands.compress import compress
 from charlm.compress import compare_to, load_seconds, log_probs, scored_text, tokens_per_s
 from charlm.data import Batches, bits_per_char, encode_corpus, load_tokens
 from charlm.options import CompressOptions
+from charlm.storage import checkpoint
 
 STUDENT = ["--layers", "2", "--d-model", "64"]
 

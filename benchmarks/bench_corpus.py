@@ -68,7 +68,7 @@ def child(step: str, corpus: str, kind: str, vocab: int) -> dict:
 
     from charlm import data
     from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Trainer
+    from charlm.training.trainer import Trainer
 
     torch.set_num_threads(1)  # the shared 2-core machine; encoding is numpy / Rust anyway
     floor = rss_mb()

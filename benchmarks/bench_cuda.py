@@ -30,14 +30,14 @@ from pathlib import Path
 
 import torch
 
-from charlm import checkpoint
 from charlm.config import ModelConfig, TrainConfig
-from charlm.events import Stepped
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, count_params
 from charlm.presets import preset
+from charlm.storage import checkpoint
 from charlm.tokenizer import CharTokenizer
-from charlm.train import Trainer
+from charlm.training.events import Stepped
+from charlm.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpora" / "tinyshakespeare.txt"

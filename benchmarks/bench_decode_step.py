@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generate import int8_run
 
-from charlm import checkpoint
 from charlm.config import ModelConfig
 from charlm.models import build_model, compiled_decode
 from charlm.models.fast_decode import FastDecoder
 from charlm.runtime import cpu_name
+from charlm.storage import checkpoint
 
 
 def per_token_us(model, make, steps: int) -> float:

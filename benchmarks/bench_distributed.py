@@ -35,7 +35,7 @@ VARIANTS = {
 
 
 def run(nproc: int, threads: int, batch: int, steps: int, work: Path) -> float:
-    from charlm import checkpoint
+    from charlm.storage import checkpoint
 
     out = work / f"run-{nproc}-{threads}-{batch}"
     shutil.rmtree(out, ignore_errors=True)

@@ -29,7 +29,7 @@ CORPUS = ROOT / "corpora" / "tinyshakespeare.txt"
 
 TIME_ONE = """
 import json, sys, time
-from charlm import checkpoint
+from charlm.storage import checkpoint
 from charlm.evaluate import evaluate_file
 ck = checkpoint.load(sys.argv[1], device="cpu")
 t0 = time.perf_counter()

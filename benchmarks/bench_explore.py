@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from charlm import checkpoint
-from charlm.explore_app import ExploreApp
-from charlm.explore_widgets import TextPane
+from charlm.explore.app import ExploreApp
+from charlm.explore.widgets import TextPane
 from charlm.models import build_model
 from charlm.presets import train_configs
 from charlm.runtime import cpu_name
+from charlm.storage import checkpoint
 from charlm.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

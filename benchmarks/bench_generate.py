@@ -45,12 +45,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nanogpt_reference as nanogpt
 
-from charlm import checkpoint
 from charlm.config import ModelConfig
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import build_model, compiled_decode, count_params
 from charlm.presets import preset
 from charlm.runtime import cpu_name
+from charlm.storage import checkpoint
 from charlm.tokenizer import CharTokenizer
 
 TEXT = (

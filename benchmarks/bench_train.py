@@ -47,12 +47,12 @@ import nanogpt_reference as nanogpt
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
 from charlm.evaluate import evaluate_ids
-from charlm.events import Stepped
 from charlm.models import build_model
-from charlm.optim import make_optimizer
 from charlm.presets import MODEL_KEYS, preset
 from charlm.runtime import autocast_dtype
-from charlm.train import Trainer
+from charlm.training.events import Stepped
+from charlm.training.optim import make_optimizer
+from charlm.training.trainer import Trainer
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpora" / "tinyshakespeare.txt"
 CURVE = (0.25, 0.5, 0.75)  # curve points, as fractions of the reference's iterations

@@ -4,7 +4,7 @@ show a checkpoint (info, runs) and to checkpoint.load and charlm sample.
 
     python benchmarks/fuzz_checkpoint.py                  # a minute, on safetensors checkpoints
     python benchmarks/fuzz_checkpoint.py --seconds 1800   # what benchmarks/RESULTS.md records
-    python benchmarks/fuzz_checkpoint.py --target pt      # an older charlm's .pt files (safe_pickle.py)
+    python benchmarks/fuzz_checkpoint.py --target pt      # an older charlm's .pt files (storage/safe_pickle.py)
     python benchmarks/fuzz_checkpoint.py --make-seeds     # write benchmarks/fuzz_seeds/ again
     python benchmarks/fuzz_checkpoint.py --replay FILE... # each file once, through the same checks
     python benchmarks/fuzz_checkpoint.py --target resume  # last.safetensors's training state, through train --resume
@@ -75,8 +75,9 @@ class Target:
     def __init__(self, findings: Path, scratch: Path):
         from click.testing import CliRunner
 
-        from charlm import checkpoint, errors
+        from charlm import errors
         from charlm.cli import main
+        from charlm.storage import checkpoint
 
         self.checkpoint, self.errors, self.main, self.runner = checkpoint, errors, main, CliRunner()
         self.findings = findings
@@ -318,7 +319,7 @@ def _mutate_safetensors(data: bytes, rng: random.Random) -> bytes | None:
 
 def safetensors_seeds(where: Path) -> Path:
     """The seeds of fuzz_seeds/ (an older charlm's .pt files), written again as safetensors checkpoints."""
-    from charlm import checkpoint
+    from charlm.storage import checkpoint
 
     where.mkdir(parents=True, exist_ok=True)
     for seed in sorted(SEEDS.glob("*.ckpt")):
@@ -367,7 +368,7 @@ def _mutate_inside(data: bytes, rng: random.Random) -> bytes | None:
 
 def decode(pkl: bytes):
     """data.pkl as the header reader sees it: plain values, tensors as TensorInfo."""
-    from charlm.safe_pickle import HeaderUnpickler
+    from charlm.storage.safe_pickle import HeaderUnpickler
 
     return HeaderUnpickler(io.BytesIO(pkl)).load()
 
@@ -388,7 +389,7 @@ class _Stored:
 
 class _Writer(pickle.Pickler):
     def reducer_override(self, obj):
-        from charlm.safe_pickle import TensorInfo
+        from charlm.storage.safe_pickle import TensorInfo
 
         if isinstance(obj, TensorInfo):
             import torch._utils
@@ -442,7 +443,7 @@ def interesting(rng: random.Random, like=None):
 
 def mutate_tree(tree, rng: random.Random):
     """tree with one value changed, one key removed or added, or a string's JSON changed (the tokenizer)."""
-    from charlm.safe_pickle import TensorInfo
+    from charlm.storage.safe_pickle import TensorInfo
 
     slots = []  # (container, key) of every value, the root's holder included
     seen = set()  # containers walked: a decoded pickle may share them (2^depth paths through a few KB)
@@ -501,11 +502,11 @@ def make_seeds() -> None:
     a resume reads), a format-1 file, and one with bf16 weights. A few KB each."""
     import torch
 
-    from charlm import checkpoint
     from charlm.config import ModelConfig, TrainConfig
     from charlm.models import build_model, count_params
+    from charlm.storage import checkpoint
     from charlm.tokenizer import CharTokenizer
-    from charlm.train import Trainer
+    from charlm.training.trainer import Trainer
 
     SEEDS.mkdir(exist_ok=True)
     torch.manual_seed(0)
@@ -579,7 +580,7 @@ def child(args) -> None:
     import charlm.generate  # noqa: F401
     import charlm.models.rnn  # noqa: F401
     import charlm.models.transformer  # noqa: F401
-    import charlm.train  # noqa: F401
+    import charlm.training.trainer  # noqa: F401
     import charlm.views.runs  # noqa: F401
 
     global TARGET, FOCUS

@@ -9,6 +9,6 @@ try:
 except SystemExit as e:
     if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
         raise
-    from charlm.distributed import exit_process
+    from charlm.training.distributed import exit_process
 
     exit_process(e.code)

@@ -20,9 +20,10 @@ from typing import NoReturn
 import click
 from click.core import ParameterSource
 
-from charlm import config, errors, options, presets, runs, settings
+from charlm import config, errors, options, presets, settings
 from charlm.commands import failure, user_errors
 from charlm.flags import CharlmCommand, config_options, from_flags
+from charlm.storage import runs
 from charlm.views.text import (
     Loading,
     PipeClosed,
@@ -187,8 +188,8 @@ def train(ctx, corpus, **flags):
     opts = from_flags(options.TrainOptions, flags)
     model_cfg, train_cfg = presets.train_configs(opts.preset or "tiny", flags)  # checked before torch loads
     from charlm.commands import train as training
-    from charlm.events import TrainingInterrupted
     from charlm.runtime import pick_device
+    from charlm.training.events import TrainingInterrupted
     from charlm.views.progress import TrainView
 
     if opts.preset is None and pick_device(train_cfg.device) == "cuda":
@@ -210,7 +211,7 @@ def train(ctx, corpus, **flags):
     except TrainingInterrupted as e:
         view.interrupted(e, training.resume_command(corpus, e.out_dir) if e.out_dir else None)
         if _AS_PROGRAM:  # everything is on disk: end now, not after seconds of tearing torch down
-            from charlm.distributed import exit_process
+            from charlm.training.distributed import exit_process
 
             view.close()
             exit_process(128 + e.signum)
@@ -345,7 +346,7 @@ def explore(ckpt, text, **flags):
     (? inside: the keys, then what every label means)."""
     opts = from_flags(options.ExploreOptions, flags)
     from charlm.commands.explore import load
-    from charlm.explore_app import explore as run_app
+    from charlm.explore.app import explore as run_app
 
     if shot := run_app(*load(ckpt, text, opts), opts):
         out_console().print(safe(f"wrote the first screen ({opts.size}) to {shot}"), soft_wrap=True)
@@ -406,7 +407,7 @@ def compress(ckpt, as_json, **flags):
     """A smaller run from CKPT (int8/int4 weights, heads or units dropped) that every command opens, measured
     before → after on the run's validation text; --report: every method at a few settings, one table."""
     opts = from_flags(options.CompressOptions, flags)
-    from charlm.stopping import SetupInterrupted
+    from charlm.training.stopping import SetupInterrupted
     from charlm.views.compress import CompressProgress, render_compressed, render_report
 
     try:

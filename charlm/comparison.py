@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, UnknownCharactersInFile, evaluate_file
 from charlm.generate import SampleConfig, Streamer
 from charlm.models import count_params
+from charlm.storage.checkpoint import Checkpoint
 from charlm.tokenizer import UnknownCharactersError
 
 

@@ -3,7 +3,7 @@ that say what each costs.
 
   quantize      every matrix as int8 (a scale per output channel) or int4 (a scale per group of 32, two codes
                 a byte); norms and biases stay float32. The format, and reading it back through the same
-                safe loader, is quantized.py's; after loading, commands compute in float.
+                safe loader, is storage/quantized.py's; after loading, commands compute in float.
   drop heads    a Transformer's K least important heads of every layer, sliced out of qkv and proj: a smaller
                 model whose config says so (n_heads, head_dim), not a mask. Importance: the loss when the head
                 alone is knocked out (models/inspect.py, as lab ablate), on the first part of the scored text.
@@ -34,13 +34,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from charlm import checkpoint, files
-from charlm.checkpoint import Saved
+from charlm import files
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import ConfigError
 from charlm.evaluate import validation_part
 from charlm.models import config_params, family
-from charlm.quantized import quantize
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import Saved
+from charlm.storage.quantized import quantize
 
 BATCH_ROWS = 16  # windows scored at once
 

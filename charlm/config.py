@@ -255,7 +255,8 @@ class TrainConfig(Validated):
     seed: int = flag(1337, "Seed of the initial weights, the batches and dropout.", section="Run", range=SEEDS)
     device: str = device_flag(resumable=True, section="Run")
     compile: bool = flag(False, "torch.compile the model.", resumable=True, section="Run")
-    # distillation (charlm.distill): the loss is (1 - w) CE + w T² KL(teacher_T || student_T); w = 0 trains as usual
+    # distillation (charlm.training.distill): the loss is (1 - w) CE + w T² KL(teacher_T || student_T); w = 0 trains
+    # as usual
     teacher: str | None = flag(
         None, "Distil from this checkpoint (a file or run directory; same tokenizer).", section="Distillation"
     )

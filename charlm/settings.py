@@ -1,6 +1,6 @@
 """A setting is a field: `flag(...)` on a dataclass field says its command-line flag (name, help, choices, its
 section in --help, how typed text becomes its value, whether a resumed run may change it); `internal(...)` a
-field with none. flags.py turns these fields into Click options, chat's /set and /attn read them, runs.py reads
+field with none. flags.py turns these fields into Click options, chat's /set and /attn read them, storage/runs.py reads
 the resume rule off them. Beside them: the checks every config's validate() uses, and the readers of typed
 text (durations, escaped stop strings). Knows no config and no command.
 """

@@ -17,13 +17,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from charlm import safetensors_file
-from charlm.checkpoint import OLD_LAST, Corpus, Saved
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.models import build_model, count_params
+from charlm.storage import safetensors_file
+from charlm.storage.checkpoint import OLD_LAST, Corpus, Saved
 from charlm.tokenizer import CharTokenizer
-from charlm.train import Trainer
+from charlm.training.trainer import Trainer
 
 # A terminal's size comes from the terminal (the pty tests) or Rich's default of 80 columns (CliRunner),
 # never from the environment of whoever runs the tests: Rich reads LINES and COLUMNS before the pty's size.
@@ -188,7 +188,7 @@ def run_limited(
     GPU: these tests are about the host's memory (a crash there is an exit code, not the end of the test run).
     estimate=False: skip charlm's memory estimate."""
     code = (
-        "import resource, sys; from charlm.cli import main; from charlm import memory; "
+        "import resource, sys; from charlm.cli import main; from charlm.training import memory; "
         + ("" if estimate else "memory.available = lambda device: None; ")
         + "size = next(int(l.split()[1]) << 10 for l in open('/proc/self/status') if l.startswith('VmSize:')); "
         f"resource.setrlimit(resource.RLIMIT_AS, (size + ({headroom_mb} << 20),) * 2); "
@@ -238,7 +238,7 @@ try:
     main(sys.argv[1:])
 except SystemExit:
     pass
-print(json.dumps([m for m in ("torch", "charlm.models.transformer", "charlm.train") if m in sys.modules]))
+print(json.dumps([m for m in ("torch", "charlm.models.transformer", "charlm.training.trainer") if m in sys.modules]))
 """
 
 

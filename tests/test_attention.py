@@ -15,7 +15,6 @@ from conftest import cli, strip_ansi
 from rich.cells import cell_len
 from rich.console import Console
 
-from charlm import checkpoint
 from charlm.cli import main
 from charlm.commands.look import attention
 from charlm.commands.words import parse_words
@@ -24,6 +23,7 @@ from charlm.errors import ConfigError
 from charlm.models import build_model
 from charlm.models.probes import head_stats
 from charlm.options import AttnConfig
+from charlm.storage import checkpoint
 from charlm.tokenizer import BPETokenizer, CharTokenizer
 from charlm.views.attention import MAX_CELL, draw_attention, map_lines
 from charlm.views.heatmap import ASCII_RAMP, UNICODE_RAMP, Screen, shade_index, token_label
@@ -530,9 +530,9 @@ def test_a_map_at_80_columns_shows_as_many_keys_as_fit_in_cells_two_wide(peaky, 
 
 def test_attn_says_when_a_rows_largest_weight_is_left_of_the_window(view_runs):
     """Found: a row shaded against a maximum outside the visible window looked faint, and nothing said why."""
-    from charlm import checkpoint
     from charlm.commands.look import attention
     from charlm.options import AttnConfig
+    from charlm.storage import checkpoint
     from charlm.views.attention import map_lines
     from charlm.views.heatmap import Screen
 

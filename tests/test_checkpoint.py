@@ -21,14 +21,14 @@ from conftest import legacy_payload, one_line_error, run_limited, tampered
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError
 from charlm.models import build_model
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
 from charlm.tokenizer import CharTokenizer
-from charlm.train import Trainer
+from charlm.training.trainer import Trainer
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
 

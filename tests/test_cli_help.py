@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import charlm_pty, cli, one_line_error
 
-from charlm.checkpoint import LAST
 from charlm.cli import main
 from charlm.presets import PRESET_TABLE
+from charlm.storage.checkpoint import LAST
 
 COMMANDS = sorted(main.commands)
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 from conftest import CITIZENS, TINY, cli, one_line_error, train_ok
 
-from charlm import checkpoint, runs
-from charlm.checkpoint import BEST, LAST, OLD_LAST
-from charlm.train import Trainer
+from charlm.storage import checkpoint, runs
+from charlm.storage.checkpoint import BEST, LAST, OLD_LAST
+from charlm.training.trainer import Trainer
 
 
 @pytest.fixture

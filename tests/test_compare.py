@@ -15,11 +15,11 @@ from conftest import (
 )
 from rich.console import Console
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.comparison import Comparison
 from charlm.generate import SampleConfig, Streamer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
 from charlm.views.compare import CompareView
 from charlm.views.text import safe_text
 

@@ -20,8 +20,6 @@ import pytest
 import torch
 from conftest import cli, one_line_error, stored_payload
 
-from charlm import checkpoint, quantized
-from charlm.checkpoint import BEST
 from charlm.commands.compress import compress
 from charlm.compress import drop_units, log_probs, scored_text, unit_importance
 from charlm.data import bits_per_char
@@ -29,10 +27,12 @@ from charlm.models import build_model
 from charlm.models.inspect import knockouts, nats
 from charlm.models.rnn import gate_rows
 from charlm.options import CompressOptions
+from charlm.storage import checkpoint, quantized
+from charlm.storage.checkpoint import BEST
 
 
 def numpy_dequantize(e: dict, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """(weights, the step of each weight) from the format as quantized.py's docstring describes it."""
+    """(weights, the step of each weight) from the format as storage/quantized.py's docstring describes it."""
     values, scales = np.asarray(e["values"]), np.asarray(e["scales"], dtype=np.float64)
     if e["bits"] == 8:
         step = np.repeat(scales[:, None], cols, axis=1)
@@ -311,7 +311,8 @@ def test_an_alibi_model_keeps_its_heads():
 
 def _holding_the_lock(to: Path) -> subprocess.Popen:
     """Another process holding `to` with the run lock, as a training into it does (runs.RunLock)."""
-    code = "import sys; from pathlib import Path; from charlm.runs import RunLock; lock = RunLock(Path(sys.argv[1])); "
+    code = "import sys; from pathlib import Path; from charlm.storage.runs import RunLock; "
+    code += "lock = RunLock(Path(sys.argv[1])); "
     code += "print('held', flush=True); sys.stdin.read()"
     holder = subprocess.Popen(
         [sys.executable, "-c", code, str(to)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

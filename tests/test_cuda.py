@@ -14,13 +14,13 @@ import torch
 from click.testing import CliRunner
 from conftest import TINY_MODEL
 
-from charlm import checkpoint
-from charlm.checkpoint import LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
-from charlm.events import Stepped
 from charlm.models import build_model
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import LAST
+from charlm.training.events import Stepped
+from charlm.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

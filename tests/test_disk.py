@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import CITIZENS, TINY
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from conftest import CMP_TEXT, TINY, cli, one_line_error, tiny_train
 
-from charlm import checkpoint
 from charlm.config import ModelConfig
-from charlm.distill import Teacher
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.training.distill import Teacher
+from charlm.training.trainer import Trainer
 
 SEED = 1337  # the LSTM test also passes with seeds 1 and 2
 STUDENT = ModelConfig(kind="transformer", n_layers=1, d_model=16, n_heads=2, context=32)

@@ -22,15 +22,15 @@ import torch
 from click.testing import CliRunner
 from conftest import CITIZENS, TINY_MODEL
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, load_tokens, prepare
 from charlm.models import build_model
-from charlm.optim import make_optimizer
-from charlm.schedule import lr_at
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
+from charlm.training.optim import make_optimizer
+from charlm.training.schedule import lr_at
+from charlm.training.trainer import Trainer
 
 TINY = [*TINY_MODEL, "--eval-iters", "3", "--warmup", "2", "--device", "cpu"]
 
@@ -59,7 +59,7 @@ def torchrun(*args: str) -> list[str]:
 
 
 def sha256_of_weights(state: dict[str, torch.Tensor]) -> str:
-    """Written here independently of charlm.distributed: names and raw bytes, in key order."""
+    """Written here independently of charlm.training.distributed: names and raw bytes, in key order."""
     h = hashlib.sha256()
     for name, t in state.items():
         h.update(name.encode())
@@ -404,8 +404,8 @@ def _ddp_worker(root: Path, corpus: Path) -> None:
     (both ranks must stop at the same step, or the next collective would hang or fail)."""
     import signal
 
-    from charlm import distributed
-    from charlm.events import Stepped, TrainingInterrupted
+    from charlm.training import distributed
+    from charlm.training.events import Stepped, TrainingInterrupted
 
     torch.set_num_threads(1)
     rank = distributed.env().rank
@@ -429,7 +429,7 @@ def _ddp_worker(root: Path, corpus: Path) -> None:
 
 
 if __name__ == "__main__":  # ends as charlm's own torchrun processes do (distributed.exit_process says why)
-    from charlm import distributed
+    from charlm.training import distributed
 
     try:
         _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))

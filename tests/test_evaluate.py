@@ -153,7 +153,7 @@ def test_too_short_and_bad_stride_are_user_errors(tmp_path):
 
 
 def test_cli_eval_json_matches_the_library(cmp_runs, cmp_corpus):
-    from charlm import checkpoint
+    from charlm.storage import checkpoint
 
     # the library runs on the CPU below: so does the CLI (--device auto would pick a GPU, whose sums differ)
     r = cli("eval", cmp_runs["bpe"], cmp_corpus, "--json", "--device", "cpu")

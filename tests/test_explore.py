@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 
-from charlm import checkpoint
 from charlm.commands import explore as ex
 from charlm.commands.look import gates as trace_gates_view
 from charlm.config import ModelConfig
@@ -30,14 +29,15 @@ from charlm.models import build_model
 from charlm.models.inspect import nats
 from charlm.models.probes import capture_attention, trace_rnn, zero_units
 from charlm.options import GatesConfig
+from charlm.storage import checkpoint
 from charlm.tokenizer import CharTokenizer
 from tests.conftest import VIEW_TEXT, charlm_pty, cli, one_line_error
 
 textual = pytest.importorskip("textual")
 from textual.widgets import Input  # noqa: E402
 
-from charlm.explore_app import ExploreApp  # noqa: E402
-from charlm.explore_widgets import TextPane, num  # noqa: E402
+from charlm.explore.app import ExploreApp  # noqa: E402
+from charlm.explore.widgets import TextPane, num  # noqa: E402
 
 SHORT = "ROMEO:\nBut soft, what light\nthrough yonder window breaks?"  # 55 characters: over the context of 48
 TWO_LINES = "ROMEO:\nBut soft, what light"  # 26: one window
@@ -735,7 +735,7 @@ def test_a_knock_out_s_result_is_whole_at_60x20_beside_the_pointer():
 
 def test_the_legend_explains_the_grid_and_uses_the_grid_s_names():
     """Issue 37: no H0–H3 header, no legend; the same head was `far` in the grid and `distant` in the detail line."""
-    from charlm.explore_views import short_name
+    from charlm.explore.views import short_name
 
     far = ex.HeadLabel(0, 0, "distant", 0.0, 0.0, 20.0, 1.0, 7, 0.2)
     assert short_name(far) == far.name == "distant"

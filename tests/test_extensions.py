@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from charlm.checkpoint import LAST
 from charlm.config import FAMILIES, ModelConfig
+from charlm.storage.checkpoint import LAST
 
 PACKAGE = Path(__file__).resolve().parent.parent / "charlm"
 
@@ -137,7 +137,7 @@ def run(out, seed=0, seeds=1, device="cpu", progress=print, **settings):
 
 TOY_COMMAND = '''"""count: a toy command for tests/test_extensions.py."""
 
-from charlm import checkpoint
+from charlm.storage import checkpoint
 from charlm.errors import UserError
 from charlm.tokenizer import tokenizer_from_json
 

@@ -274,9 +274,9 @@ def rounded_to_bf16(model):
 
 
 def as_int8_run(model):
-    """The model as `charlm compress --bits 8` leaves it once loaded: every matrix quantized.py's int8 values
+    """The model as `charlm compress --bits 8` leaves it once loaded: every matrix storage/quantized.py's int8 values
     times their row scales (quantized.dequantized's arithmetic)."""
-    from charlm.quantized import quantize
+    from charlm.storage.quantized import quantize
 
     with torch.no_grad():
         for p in model.parameters():

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from charlm import checkpoint
 from charlm.commands import explore as ex
 from charlm.config import ModelConfig
 from charlm.data import READS, TARGETS, bits_per_char, trained_positions
 from charlm.lab import ablate, heads
 from charlm.models import Part, build_model
 from charlm.models.inspect import knocked, nats, token_nats
+from charlm.storage import checkpoint
 from tests.conftest import VIEW_TEXT, cli, saved_model, tiny_train, train_runs
 
 TEXT = VIEW_TEXT[:40]  # one window of every run below

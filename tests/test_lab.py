@@ -442,7 +442,7 @@ def test_induction_the_loss_falls_as_the_induction_head_forms(tmp_path):
 def _tiny_run(root, text: str):
     """A tiny ordinary run (no corpus.txt in its directory) trained on root/corpus.txt."""
     from charlm.config import ModelConfig, TrainConfig
-    from charlm.train import Trainer
+    from charlm.training.trainer import Trainer
 
     corpus = root / "corpus" / "speech.txt"
     corpus.parent.mkdir(parents=True)
@@ -453,9 +453,9 @@ def _tiny_run(root, text: str):
 
 
 def test_ablate_scores_an_ordinary_run_on_the_validation_part_of_its_corpus(tmp_path):
-    from charlm import checkpoint
     from charlm.data import Batches, load_tokens, prepare
     from charlm.lab.ablate import _ids
+    from charlm.storage import checkpoint
 
     text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
     corpus, run = _tiny_run(tmp_path, text)

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import cli, one_line_error
 
-from charlm.checkpoint import LAST
+from charlm.storage.checkpoint import LAST
 
 
 def lab_process(tmp_path, *args):

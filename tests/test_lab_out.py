@@ -11,7 +11,7 @@ from charlm.cli import main
 from charlm.errors import ConfigError
 from charlm.lab import capacity
 from charlm.lab.training import MARK
-from charlm.runs import RunLock
+from charlm.storage.runs import RunLock
 
 TINY = dict(hidden=(8,), longest=2, grid=(1, 2), steps=4, train_chars=2000, eval_examples=10)
 

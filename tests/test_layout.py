@@ -29,9 +29,9 @@ def words_whole(screen: str, width: int, words) -> None:
 @pytest.mark.parametrize("cols,rows", SIZES)
 def test_chat_status_and_hints_wrap_at_spaces_never_inside_a_number(view_runs, cols, rows):
     """Found: at 60 columns the status line wrapped mid-number (`context 42/6⏎4`)."""
-    from charlm import checkpoint
     from charlm.commands.chat import Chat
     from charlm.config import SampleConfig
+    from charlm.storage import checkpoint
 
     screen = io.StringIO()
     console = Console(file=screen, width=cols, height=rows, force_terminal=True)

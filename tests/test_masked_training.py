@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from charlm import checkpoint
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import Batches, CorpusError
 from charlm.models import build_model
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.training.trainer import Trainer
 
 
 def test_windows_start_at_the_starts_and_targets_outside_the_mask_are_hidden():

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY, one_line_error, run_limited
 
-from charlm.checkpoint import LAST
 from charlm.cli import main
+from charlm.storage.checkpoint import LAST
 
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
 
@@ -52,7 +52,7 @@ def test_out_of_bounds_is_refused_before_any_work(corpus, tmp_path, args, messag
 
 
 def test_the_memory_estimate_names_what_to_change(corpus, tmp_path, monkeypatch):
-    from charlm import memory
+    from charlm.training import memory
 
     monkeypatch.setattr(memory, "available", lambda device: 100 * 10**6)
     r = CliRunner().invoke(main, ["train", str(corpus), *TINY, "--batch-size", "4096", "--out", str(tmp_path / "out")])
@@ -96,7 +96,7 @@ def test_running_out_of_memory_anyway_is_not_a_bug_report(tmp_path):
 
 
 def test_a_containers_memory_limit_counts_in_the_memory_estimate(tmp_path, monkeypatch):
-    from charlm import memory
+    from charlm.training import memory
 
     monkeypatch.setattr(memory, "CGROUP", tmp_path)
     (tmp_path / "memory.max").write_text("max\n")  # cgroup v2 without a limit

@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import saved_model
 
-from charlm.checkpoint import LAST
 from charlm.config import POSITIONS, ModelConfig, TrainConfig
 from charlm.errors import ConfigError
 from charlm.models import build_model, count_params, param_shapes
@@ -17,6 +16,7 @@ from charlm.models.rnn import RNN
 from charlm.models.transformer import Transformer
 from charlm.presets import preset
 from charlm.settings import parse_duration
+from charlm.storage.checkpoint import LAST
 from charlm.tokenizer import CharTokenizer
 
 V, B, T = 23, 2, 12
@@ -56,8 +56,8 @@ def test_param_shapes_by_arithmetic_are_the_built_models(kind, positions, layers
 def test_an_untied_head_is_its_own_tensor_and_counted(tmp_path):
     """ModelConfig.tied=False (the lab's recall and copy models): the head is a matrix of its own, in the
     shapes a checkpoint is checked against, in the count, and through a save and load (fast decode included)."""
-    from charlm import checkpoint
     from charlm.models import config_params
+    from charlm.storage import checkpoint
 
     tied = ModelConfig("transformer", V, 2, 16, 2, T)
     cfg = ModelConfig("transformer", V, 2, 16, 2, T, tied=False)

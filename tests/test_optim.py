@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from charlm.optim import Muon, newton_schulz, newton_schulz_dtype
+from charlm.training.optim import Muon, newton_schulz, newton_schulz_dtype
 
 A, B, C = 3.4445, -4.7750, 2.0315  # the quintic's coefficients (Keller Jordan's Muon)
 SHAPES = [(24, 16), (24, 16), (16, 24), (16, 16), (40, 16)]  # tall, wide, square, two alike to batch

@@ -15,12 +15,12 @@ from conftest import (
     tiny_train,
 )
 
-from charlm import checkpoint, runs
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig
 from charlm.data import bits_per_char
-from charlm.train import Trainer
+from charlm.storage import checkpoint, runs
+from charlm.storage.checkpoint import BEST, LAST
+from charlm.training.trainer import Trainer
 from charlm.views.runs import train_bpc
 
 TEXT = "the cat sat on the mat, and the dog ran to the log.\n" * 60
@@ -143,7 +143,7 @@ def test_plot_of_many_runs_keeps_its_legend(tmp_path):
 def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path):
     """Regression (item 22): a 400 MB metrics.jsonl made `info` and `plot` take 70 s and 3.3 GB. At most its
     last 16 MB are read (about 120,000 evaluations; a run writes ~20), and a note says so."""
-    from charlm import runs
+    from charlm.storage import runs
 
     run = tmp_path / "run"
     run.mkdir()

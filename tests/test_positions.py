@@ -14,13 +14,13 @@ from click.testing import CliRunner
 from conftest import CITIZENS, TINY
 from safetensors.torch import load_file
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST
 from charlm.cli import main
 from charlm.config import POSITIONS, ModelConfig
 from charlm.generate import Streamer
 from charlm.models import build_model, param_shapes
 from charlm.models.transformer import alibi_slopes
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST
 from charlm.tokenizer import CharTokenizer
 
 CHARS = CharTokenizer(list("\n abcdefghijklmnopqrstuvwxyz.,!?'ABCDEFGHIJ"))

@@ -22,7 +22,7 @@ def test_the_progress_bar_shows_the_latest_evaluation_at_once():
     from rich.console import Console
 
     from charlm.config import ModelConfig, TrainConfig
-    from charlm.events import Evaluated, Started, Stepped
+    from charlm.training.events import Evaluated, Started, Stepped
     from charlm.views.progress import TrainView
 
     view = TrainView(Console(file=io.StringIO(), force_terminal=True, width=120))
@@ -47,7 +47,7 @@ def training_screen(cols: int, tmp_path, monkeypatch) -> tuple[str, object]:
     from conftest import tiny_train
 
     from charlm.config import ModelConfig
-    from charlm.events import Evaluated, Result, Started, Stepped
+    from charlm.training.events import Evaluated, Result, Started, Stepped
     from charlm.views.progress import TrainView
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -113,7 +113,7 @@ def test_training_prose_wraps_at_spaces_and_commands_break_between_words(cols, t
 
 def test_the_resume_command_after_ctrl_c_breaks_between_words(tmp_path):
     """Found with the above: the resume command printed after Ctrl-C broke mid-path at 60 columns."""
-    from charlm.events import TrainingInterrupted
+    from charlm.training.events import TrainingInterrupted
     from charlm.views.progress import TrainView
 
     resume = f"charlm train 'my corpus.txt' --out {LONG_RUN} --resume"
@@ -155,7 +155,7 @@ def test_the_bar_shows_the_final_evaluation_not_the_one_before():
     from conftest import tiny_train
 
     from charlm.config import ModelConfig
-    from charlm.events import Evaluated, Started, Stepped
+    from charlm.training.events import Evaluated, Started, Stepped
     from charlm.views.progress import TrainView
 
     view = TrainView(Console(file=io.StringIO(), width=120, force_terminal=True))

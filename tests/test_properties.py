@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from charlm import checkpoint, runs
-from charlm.checkpoint import LAST, Saved
 from charlm.commands.chat import Chat
 from charlm.commands.repl import Hint, Session
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.generate import sample_next_token, sampling_probs
 from charlm.models import build_model, param_shapes
+from charlm.storage import checkpoint, runs
+from charlm.storage.checkpoint import LAST, Saved
 from charlm.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_json
 
 FUZZ = int(os.environ.get("CHARLM_HYPOTHESIS_EXAMPLES", "0"))  # a long fuzzing run: this many examples, fresh seeds

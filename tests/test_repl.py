@@ -17,9 +17,9 @@ from conftest import (
 )
 from rich.console import Console
 
-from charlm import checkpoint
 from charlm.generate import SampleConfig, Streamer
 from charlm.settings import unescape
+from charlm.storage import checkpoint
 from charlm.views.repl import CLEAR_MARK, CLEAR_SCREEN
 from charlm.views.text import safe_text
 
@@ -504,9 +504,9 @@ def test_ctrl_c_leaves_no_caret_c_inside_the_model_text(view_runs, tmp_path):
 @pytest.fixture
 def chat_session(view_runs):
     """A Chat on the char Transformer, drawing into a string; said(line) -> what it printed."""
-    from charlm import checkpoint
     from charlm.commands.chat import Chat
     from charlm.config import SampleConfig
+    from charlm.storage import checkpoint
 
     screen = io.StringIO()
     session = Chat(checkpoint.load(view_runs["tf"]), SampleConfig(), Console(file=screen, width=200), interactive=True)

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY, cli, one_line_error, train_ok
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
 
 # ---- 6, 14: the lock ------------------------------------------------------------------------------------------
 
@@ -34,7 +34,7 @@ def test_a_lock_that_cannot_be_removed_does_not_hide_the_run_error(tmp_path):
     """Regression (item 14): a run directory made unwritable mid-run (chattr +i) ended in "unexpected
     PermissionError: .lock": removing the lock on the way out raised, hiding "cannot write best.pt". The
     release now lets such an error go (the kernel drops the flock with the process anyway)."""
-    from charlm.runs import RunLock
+    from charlm.storage.runs import RunLock
 
     out = tmp_path / "run"
     lock = RunLock(out)

@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from conftest import TINY, TINY_MODEL, cli, tiny_train
 from rich.console import Console
 
-from charlm import checkpoint, runs
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.config import ModelConfig
-from charlm.events import Phase
 from charlm.settings import parse_duration
-from charlm.train import Trainer
+from charlm.storage import checkpoint, runs
+from charlm.storage.checkpoint import BEST, LAST
+from charlm.training.events import Phase
+from charlm.training.trainer import Trainer
 from charlm.views.progress import TrainView
 from charlm.views.runs import age, duration, render_runs
 
@@ -158,7 +158,7 @@ def test_progress_shows_from_the_first_step_before_the_first_evaluation(tmp_path
     """Issue 37: the first progress came with the first evaluation (57 s of an empty bar on a loaded machine;
     a log printed nothing until step 50). The bar says it is at its first step, then shows step 1's loss; a
     log has a line for step 1; both before the first evaluation."""
-    from charlm.events import Evaluated, Started, Stepped
+    from charlm.training.events import Evaluated, Started, Stepped
     from charlm.views.progress import FIRST_STEP
 
     corpus = tmp_path / "c.txt"
@@ -260,7 +260,7 @@ def test_the_summary_says_when_a_busy_cpu_slowed_the_run(tmp_path, monkeypatch, 
     """Issue 19: a first run on a busy machine gave 3.12 bits/char and left the user to wonder why. The
     summary now says the CPU was busy (the median load over the steps, against the cores this process may
     use), with the speed the run got."""
-    from charlm.events import Result, Started, Stepped
+    from charlm.training.events import Result, Started, Stepped
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     console = Console(file=io.StringIO(), width=100)
@@ -281,8 +281,8 @@ def test_a_run_much_slower_than_this_machine_usually_trains_says_so(tmp_path):
     """Issue 19 §3, measured: with one of two cores busy, the first run trained at 3,179 tokens/s against
     10,586 quiet, and the load note did not fire (load 2.7: the 1-minute average lags, and counts the run's
     own threads). The summary compares the run's speed with the fastest this machine trained the same set-up."""
-    from charlm.events import Result
-    from charlm.runs import usual_speed
+    from charlm.storage.runs import usual_speed
+    from charlm.training.events import Result
 
     speeds = tmp_path / "speeds.json"
     assert usual_speed("a", 10_000.0, speeds) is None  # the first time: nothing to compare with

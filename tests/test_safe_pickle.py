@@ -22,9 +22,9 @@ import pytest
 import torch
 from conftest import cli, legacy_payload, one_line_error, run_limited, tampered
 
-from charlm import checkpoint
-from charlm.checkpoint import OLD_LAST, Saved
 from charlm.errors import CheckpointError
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import OLD_LAST, Saved
 
 # ---- ways to change an older charlm's checkpoint (conftest's old_pt) -----------------------------------
 

@@ -18,11 +18,11 @@ from conftest import (
     one_line_error,
 )
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST
 from charlm.cli import main
 from charlm.errors import ConfigError
 from charlm.generate import SampleConfig, Streamer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
 
 MEMORISED = "But soft, what light through yonder window breaks?\n"
 ESCAPES = "[bold]red[/bold] \x1b]0;pwned\x07 \x1b[31mred\x1b[0m\n"

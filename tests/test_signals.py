@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import CITIZENS, TINY
 
-from charlm import checkpoint
-from charlm.checkpoint import LAST
 from charlm.cli import main
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import LAST
 
 # a run that spends most of its time writing checkpoints: an LSTM with big matrices, tiny batches and an
 # evaluation (best.pt, last.pt: 6 MB each) after every step
@@ -366,7 +366,7 @@ def test_a_signal_raised_where_python_cannot_raise_it_prints_no_traceback(monkey
     the hook that was there before, which is back afterwards."""
     from types import SimpleNamespace
 
-    from charlm.stopping import RunSignals, SetupInterrupted
+    from charlm.training.stopping import RunSignals, SetupInterrupted
 
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))

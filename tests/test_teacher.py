@@ -14,12 +14,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charlm import checkpoint
 from charlm.config import ModelConfig
-from charlm.distill import _identify
 from charlm.errors import ConfigError
-from charlm.resume import resume_run
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.training.distill import _identify
+from charlm.training.resume import resume_run
+from charlm.training.trainer import Trainer
 from tests.conftest import TINY, cli, one_line_error, tiny_train
 
 STUDENT = ModelConfig(kind="transformer", n_layers=1, d_model=32, n_heads=2, context=32)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pexpect
 from conftest import CITIZENS, TINY, charlm_pty
 
-from charlm import checkpoint
-from charlm.checkpoint import BEST, LAST, OLD_LAST
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST, OLD_LAST
 
 HOSTILE = "[blink]x\x1b[2J\x07"  # Rich markup (a file name cannot hold "[/blink]"), "clear the screen", a bell
 

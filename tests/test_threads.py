@@ -17,8 +17,8 @@ from conftest import tiny_train
 from rich.console import Console
 
 from charlm.config import ModelConfig
-from charlm.events import Result, Started, Stepped
 from charlm.runtime import CpuShare, threads_for
+from charlm.training.events import Result, Started, Stepped
 from charlm.views.progress import TrainView
 
 
@@ -137,7 +137,7 @@ def test_the_summary_says_what_other_programs_took(tmp_path, monkeypatch, others
 def test_the_summary_breaks_the_checkpoints_line_between_names(tmp_path, width):
     """Found in the tour at 80 columns: the summary's checkpoints row broke inside a file name
     ('best.safetensor' / 's, last.safetensors'). Each file's name now stays whole on its line."""
-    from charlm.checkpoint import BEST, LAST
+    from charlm.storage.checkpoint import BEST, LAST
 
     console = Console(file=io.StringIO(), width=width)
     view = TrainView(console)

@@ -13,15 +13,16 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from charlm import checkpoint, files
-from charlm.checkpoint import BEST, LAST
+from charlm import files
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import CorpusError
 from charlm.errors import CheckpointError, ConfigError
-from charlm.events import Evaluated, Started, Stepped, TrainingDiverged, TrainingInterrupted
 from charlm.generate import Streamer
-from charlm.schedule import lr_at
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST
+from charlm.training.events import Evaluated, Started, Stepped, TrainingDiverged, TrainingInterrupted
+from charlm.training.schedule import lr_at
+from charlm.training.trainer import Trainer
 
 TEXT = "But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
 
@@ -420,7 +421,7 @@ def test_the_trainer_writes_the_samples_and_they_leave_training_alone(corpus, tm
 def test_a_timed_run_shorter_than_its_warmup_still_ends_its_schedule():
     """Regression: a --max-time run shorter than --warmup steps ended with its learning rate still rising.
     Decided: with a time budget, warmup also ends after WARMUP_TIME_FRACTION of the time at the latest."""
-    from charlm.schedule import WARMUP_TIME_FRACTION, lr_at
+    from charlm.training.schedule import WARMUP_TIME_FRACTION, lr_at
 
     cfg = TrainConfig(steps=10**9, max_time=10, warmup=1000, lr=1e-2, min_lr_ratio=0.1)
     assert lr_at(cfg, 0, 0.0) == pytest.approx(1e-5)  # the steps still start the warmup

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from charlm import checkpoint, files
-from charlm.checkpoint import Checkpoint
+from charlm import files
 from charlm.commands import look
 from charlm.commands.repl import SETTINGS, Hint, Session, did_you_mean, show_value
 from charlm.commands.runs import model_path
@@ -26,6 +25,8 @@ from charlm.generate import Streamer
 from charlm.models import count_params
 from charlm.options import AttnConfig, ChatOptions, GatesConfig
 from charlm.runtime import pick_device
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import Checkpoint
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.repl import LEAVE_HINT, PROMPT
 from charlm.views.text import safe_text

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from charlm import checkpoint
 from charlm.commands.repl import Hint, Session
 from charlm.comparison import Comparison
 from charlm.config import SampleConfig
 from charlm.errors import ConfigError
 from charlm.options import CompareOptions
 from charlm.runtime import pick_device
+from charlm.storage import checkpoint
 from charlm.views.repl import LEAVE_HINT
 
 

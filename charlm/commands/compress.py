@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from charlm import checkpoint, files
+from charlm import files
 from charlm.compress import (
     Measured,
     bits_per_weight,
@@ -32,8 +32,9 @@ from charlm.data import bits_per_char
 from charlm.errors import ConfigError
 from charlm.models import config_params
 from charlm.options import CompressOptions
-from charlm.runs import RunLock, check_writable
-from charlm.stopping import RunSignals, SetupInterrupted, stop_signals
+from charlm.storage import checkpoint
+from charlm.storage.runs import RunLock, check_writable
+from charlm.training.stopping import RunSignals, SetupInterrupted, stop_signals
 
 # ---- the commands ----------------------------------------------------------------------------------------
 

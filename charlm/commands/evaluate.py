@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from charlm import checkpoint
-from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult, Progress, evaluate_file
 from charlm.options import EvalOptions
 from charlm.runtime import pick_device
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import Checkpoint
 
 
 @dataclass

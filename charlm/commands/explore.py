@@ -1,4 +1,4 @@
-"""`charlm explore` as functions: every number the explorer (charlm/explore_app.py) shows, computed once per
+"""`charlm explore` as functions: every number the explorer (charlm/explore/app.py) shows, computed once per
 text, so a cursor or head move only looks numbers up. Nothing here draws.
 
   scene(model, tokenizer, ids) -> AttentionScene | GateScene
@@ -501,8 +501,8 @@ MAX_CORPUS_CHARS = 1 << 20  # a lab run's corpus.txt read to find the text explo
 def load(ckpt: str, text: str | None, opts: ExploreOptions):
     """(the checkpoint, the tokens of the text to explore): TEXT, else --prompt / --prompt-file / stdin, else
     the start of the run's own corpus when it is still there."""
-    from charlm import checkpoint
     from charlm.commands.generate import read_prompt
+    from charlm.storage import checkpoint
 
     if text is not None and (opts.prompt is not None or opts.prompt_file is not None):
         raise ConfigError("give the text once: as the TEXT argument, --prompt or --prompt-file")

@@ -7,12 +7,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from charlm import checkpoint, files
+from charlm import files
 from charlm.config import SampleConfig
 from charlm.errors import ConfigError
 from charlm.generate import Stats, Streamer
 from charlm.options import PromptOptions, SampleOptions
 from charlm.runtime import pick_device
+from charlm.storage import checkpoint
 
 
 @dataclass

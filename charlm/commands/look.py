@@ -23,8 +23,8 @@ from charlm.views.heatmap import token_label
 
 def load_text(ckpt: str, where: LookOptions):
     """(the checkpoint, its tokens of the text the options name) for a viewer."""
-    from charlm import checkpoint
     from charlm.commands.generate import read_prompt
+    from charlm.storage import checkpoint
 
     text = read_prompt(where)
     if where.prompt == "":
@@ -118,7 +118,7 @@ def focus_position(tokenizer, ids: list[int], offset: int, focus: str) -> int:
 def copy_views(details: dict) -> tuple[tuple, tuple]:
     """Why `charlm lab copy` comes out as it does, as numbers for views.lab.render_copy_views: the
     Transformer's copy head and the LSTM's gates on the example the experiment chose (its details)."""
-    from charlm import checkpoint
+    from charlm.storage import checkpoint
 
     tf, lstm = checkpoint.load(details["transformer_run"]), checkpoint.load(details["lstm_run"])
     text, head = "\n" + details["example"], details["copy_head"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from charlm import checkpoint, runs
 from charlm.errors import CheckpointError, ConfigError
+from charlm.storage import checkpoint, runs
 
 
 def info(path: str | Path) -> dict:

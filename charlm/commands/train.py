@@ -1,6 +1,6 @@
 """`charlm train` as a function: a corpus and configs in, a trained run directory out.
 
-Around the trainer (charlm.train) it does what a run needs from the outside: the decision to resume (made
+Around the trainer (charlm.training.trainer) it does what a run needs from the outside: the decision to resume (made
 once, by resume.resume_run, and handed to the trainer), checks before any work (a directory in use, not writable, a run that cannot fit in memory), the run lock,
 and the torchrun relaunch for --nproc. What happens is reported as the trainer's events; errors are
 exceptions with a one-line message (TrainingInterrupted carries the saved step).
@@ -15,16 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from charlm import checkpoint, distributed, files, memory, runs
+from charlm import files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import cache_dir
 from charlm.errors import CheckpointError, ConfigError
-from charlm.events import Result, Stopping, TrainingInterrupted
-from charlm.resume import Resumed, resume_run
-from charlm.runs import check_writable
 from charlm.runtime import cpu_name, pick_device
-from charlm.stopping import RunSignals, SetupInterrupted, stop_signals
-from charlm.train import Trainer
+from charlm.storage import checkpoint, runs
+from charlm.storage.runs import check_writable
+from charlm.training import distributed, memory
+from charlm.training.events import Result, Stopping, TrainingInterrupted
+from charlm.training.resume import Resumed, resume_run
+from charlm.training.stopping import RunSignals, SetupInterrupted, stop_signals
+from charlm.training.trainer import Trainer
 from charlm.views.text import shell_quote
 
 

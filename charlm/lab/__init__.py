@@ -65,8 +65,8 @@ def run_experiment(
         extra = {"seeds": s.seeds} if name in SEEDED else {}
         extra |= {"task": s.task} if s.task is not None else {}
         out = Path(s.out) if s.out else LAB_DIR
-        from charlm.events import TrainingInterrupted
-        from charlm.runs import RunLock, check_writable
+        from charlm.storage.runs import RunLock, check_writable
+        from charlm.training.events import TrainingInterrupted
 
         check_writable(out)  # before any work, as train does: a file, a read-only mount
         lock = RunLock(out, "charlm lab")  # a second lab into the same --out would delete this one's runs

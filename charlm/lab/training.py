@@ -13,16 +13,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from charlm import checkpoint, files
-from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
+from charlm import files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import READS, TARGETS, model_input
 from charlm.errors import ConfigError, UserError
 from charlm.lab import tasks
 from charlm.lab.tasks import TaskText
 from charlm.models import config_params
-from charlm.runs import LOCK, RunLock
-from charlm.train import Trainer
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST
+from charlm.storage.runs import LOCK, RunLock
+from charlm.training.trainer import Trainer
 
 LAB_DIR = Path("checkpoints/lab")  # run directories of lab models, e.g. LAB_DIR/<experiment>-<model>-s<seed>
 RUN_FILES = ("corpus.txt", TARGETS, READS, LAST, BEST, OLD_LAST, OLD_BEST, "metrics.jsonl")  # (an older charlm's too)

@@ -6,7 +6,7 @@ because 3.2 MB of float32 weights do not fit a 2 MB L2 (the same product costs a
 in L2); the rest is ~100 tiny numpy calls of 1-3 us each (models/fast_decode.py). So this step makes one call per
 token, and streams each matrix in a narrower form, widened to float32 as it is read (the arithmetic stays fp32):
   float32 model   bf16 (the top 16 bits of each float32, rounded to nearest even: torch's .to(bfloat16)), 2 bytes
-  int8 run        charlm compress's int8 values and per-row scales (quantized.py), 1 byte: w = q * scale. The
+  int8 run        charlm compress's int8 values and per-row scales (storage/quantized.py), 1 byte: w = q * scale. The
                   loaded model holds them dequantized (q * scale exactly, in float32), so they are read back off
                   the weights (lossless: q = rint(w / scale), checked) rather than carried through every command.
 The embedding row, norms, positions, the KV cache and all sums stay float32. Which storage a model gets is

@@ -55,7 +55,7 @@ def matrices(model: Transformer) -> dict[str, list[torch.Tensor]]:
 
 def as_int8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
     """(values int8, scales float32 per row) when w holds int8 values times a scale per row (a compress --bits 8
-    run, dequantized as quantized.py does: q * scale in float32), else None."""
+    run, dequantized as storage/quantized.py does: q * scale in float32), else None."""
     a = w.detach().numpy()
     top = np.abs(a).max(axis=1)
     scales = (top / np.float32(127)).astype(np.float32)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from charlm.checkpoint import BEST
+from charlm.storage.checkpoint import BEST
 from charlm.views.text import err_console, safe_text
 
 # a header wraps at its spaces in a narrow column

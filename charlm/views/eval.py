@@ -11,8 +11,8 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.checkpoint import Checkpoint
 from charlm.evaluate import EvalResult
+from charlm.storage.checkpoint import Checkpoint
 from charlm.views.text import duration, safe, safe_text
 
 

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from charlm.checkpoint import BEST, LAST
-from charlm.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
+from charlm.storage.checkpoint import BEST, LAST
+from charlm.training.events import Encoding, Evaluated, Phase, Result, Started, Stepped, Stopping, TrainingInterrupted
 from charlm.views.text import command_lines, duration, safe, safe_text, shell_quote
 
 LOG_SECONDS = 10.0  # at most this long between two log lines of steps (a pipe or a file)

@@ -4,8 +4,8 @@ and a side panel. Every number comes from charlm.commands.explore, computed once
 looks numbers up and redraws. Only this command imports Textual.
 
 The app holds what both kinds share (the cursor, the shading mode, a knock-out, the text and its editing, the
-layout); the model's own view (explore_views.py: HeadView or UnitView) holds its selection and draws its grid;
-explore_widgets.py has the text pane and the shades, explore_help.py the keys and the legend (`?`)."""
+layout); the model's own view (views.py: HeadView or UnitView) holds its selection and draws its grid;
+widgets.py has the text pane and the shades, help.py the keys and the legend (`?`)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from textual.widgets import Input, Static
 from charlm import files
 from charlm.commands import explore as ex
 from charlm.errors import ConfigError
-from charlm.explore_help import Help
-from charlm.explore_views import HeadView, UnitView
-from charlm.explore_widgets import NEWLINE, RISE_STOPS, TextPane, num, shade
+from charlm.explore.help import Help
+from charlm.explore.views import HeadView, UnitView
+from charlm.explore.widgets import NEWLINE, RISE_STOPS, TextPane, num, shade
 from charlm.tokenizer import UnknownCharactersError
 from charlm.views.heatmap import token_label
 from charlm.views.text import safe_text

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from charlm import files, safetensors_file
+from charlm import files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import CheckpointError, ConfigError
 from charlm.models import build_model, param_shapes
-from charlm.quantized import check_quantized, dequantized
-from charlm.safe_pickle import TensorInfo, archive_values, last_words, load_tensors, open_archive, read_pickle
 from charlm.settings import shown
+from charlm.storage import safetensors_file
+from charlm.storage.quantized import check_quantized, dequantized
+from charlm.storage.safe_pickle import TensorInfo, archive_values, last_words, load_tensors, open_archive, read_pickle
 from charlm.tokenizer import tokenizer_from_json
 
 if TYPE_CHECKING:

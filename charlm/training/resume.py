@@ -1,5 +1,5 @@
 """Continuing a run: what it continues from, read and decided once (resume_run: last.safetensors read and checked, the
-one resume rule of runs.py applied, the corpus checked to be the run's), and putting that state back into a
+one resume rule of storage/runs.py applied, the corpus checked to be the run's), and putting that state back into a
 fresh trainer (restore_state: weights, optimizer, random states; best_so_far; drop_metrics_beyond). commands.train
 decides before any work and hands the Resumed to the Trainer; a Trainer made with resume=True decides itself.
 A state that does not fit this model and machine (a crafted or damaged last.safetensors) is a CheckpointError that
@@ -16,12 +16,13 @@ from pathlib import Path
 
 import torch
 
-from charlm import checkpoint, files, runs
-from charlm.checkpoint import Saved
+from charlm import files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.data import corpus_sha256
 from charlm.errors import CheckpointError, ConfigError
 from charlm.settings import shown
+from charlm.storage import checkpoint, runs
+from charlm.storage.checkpoint import Saved
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def restore_state(resumed: Resumed, model, optimizer, data_gen: torch.Generator,
 
 def best_so_far(resumed: Resumed) -> tuple[float | None, float | None]:
     """(the best validation loss, its bits per character) of the run: last.safetensors's, or those of a best.safetensors written
-    after it (a kill fell between the two: see charlm.train's docstring). A best.safetensors of another run is refused:
-    it would be kept as the run's best, and `charlm sample` of the run would use it."""
+    after it (a kill fell between the two: see charlm.training.trainer's docstring). A best.safetensors of another
+    run is refused: it would be kept as the run's best, and `charlm sample` of the run would use it."""
     path, saved = resumed.path, resumed.saved
     best_loss, best_bpc = saved.best_val_loss, saved.best_val_bpc
     best = path.parent / checkpoint.BEST

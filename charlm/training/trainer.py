@@ -1,7 +1,7 @@
 """The training loop: Muon for the hidden matrices + AdamW for the rest (or AdamW alone: --optimizer), warmup +
 cosine schedule (schedule.py), gradient clipping, periodic evaluation, atomic checkpoints and exact resume
 (resume.py). Gradient accumulation (grad_accum micro-batches per step), and under torchrun one process per rank
-with DistributedDataParallel (see charlm.distributed): each rank samples its own batches, every rank runs the
+with DistributedDataParallel (see charlm.training.distributed): each rank samples its own batches, every rank runs the
 same loop and takes part in every collective, rank 0 writes.
 
 The trainer never prints. It reports what happens as events (events.py) to a callback; the CLI renders them.
@@ -31,11 +31,17 @@ from typing import NoReturn
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from charlm import checkpoint, distributed, files
-from charlm.checkpoint import Corpus, Saved
+from charlm import files
 from charlm.config import ModelConfig, SampleConfig, TrainConfig
 from charlm.data import Batches, CorpusError, bits_per_char, load_tokens, prepare
-from charlm.events import (
+from charlm.generate import Streamer
+from charlm.models import build_model, count_params
+from charlm.runtime import CpuShare, autocast_dtype, pick_device
+from charlm.storage import checkpoint
+from charlm.storage.checkpoint import Corpus, Saved
+from charlm.tokenizer import tokenizer_from_json
+from charlm.training import distributed
+from charlm.training.events import (
     Encoding,
     Evaluated,
     Phase,
@@ -46,14 +52,10 @@ from charlm.events import (
     TrainingDiverged,
     TrainingInterrupted,
 )
-from charlm.generate import Streamer
-from charlm.models import build_model, count_params
-from charlm.optim import make_optimizer
-from charlm.resume import Resumed, best_so_far, drop_metrics_beyond, restore_state, resume_run
-from charlm.runtime import CpuShare, autocast_dtype, pick_device
-from charlm.schedule import EvalSchedule, lr_at, spent
-from charlm.stopping import Abandon, Quit, RunSignals, stop_signals
-from charlm.tokenizer import tokenizer_from_json
+from charlm.training.optim import make_optimizer
+from charlm.training.resume import Resumed, best_so_far, drop_metrics_beyond, restore_state, resume_run
+from charlm.training.schedule import EvalSchedule, lr_at, spent
+from charlm.training.stopping import Abandon, Quit, RunSignals, stop_signals
 
 
 @torch.no_grad()
@@ -197,9 +199,11 @@ class Trainer:
         """Model, optimizer and mixed precision, fresh."""
         self.model = build_model(self.model_cfg).to(self.device)
         self.params = count_params(self.model)
-        self.teacher = None  # distillation (charlm.distill): never loaded at weight 0, which trains as without one
+        self.teacher = (
+            None  # distillation (charlm.training.distill): never loaded at weight 0, which trains as without one
+        )
         if self.cfg.teacher is not None and self.cfg.distill_weight > 0:
-            from charlm.distill import Teacher
+            from charlm.training.distill import Teacher
 
             self.teacher = Teacher(self.cfg, self.tokenizer, self.model_cfg, self.device)
             self.cfg = self.teacher.recorded(self.cfg)  # by absolute path and sha256: a resume uses that file

@@ -22,7 +22,7 @@ import struct
 from pathlib import Path
 
 from charlm.errors import CheckpointError
-from charlm.safe_pickle import TensorInfo, check_tree, last_words
+from charlm.storage.safe_pickle import TensorInfo, check_tree, last_words
 
 MAX_HEADER = 100 * 2**20  # the safetensors library's own limit: a larger header is refused before it is read
 TREE_FIELDS = ("optimizer", "rng", "scaler", "quantized")  # the fields that hold tensors besides the weights

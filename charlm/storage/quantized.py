@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from charlm.errors import CheckpointError
-from charlm.safe_pickle import STORAGES, TensorInfo
+from charlm.storage.safe_pickle import STORAGES, TensorInfo
 
 INT4_GROUP = 32
 QMAX = {8: 127, 4: 7}  # symmetric: q in [-QMAX, QMAX]

@@ -1,4 +1,4 @@
-"""The widgets of `charlm explore`'s app (charlm/explore_app.py): the text pane shaded by attention or gates,
+"""The widgets of `charlm explore`'s app (charlm/explore/app.py): the text pane shaded by attention or gates,
 the grid and heat-map lines, the key help, and the shades they draw with. Textual, imported by that command
 only."""
 

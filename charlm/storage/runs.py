@@ -27,7 +27,7 @@ def _base(corpus: str, kind: str, tokenizer: str) -> str:
 
 def default_out(corpus: str, kind: str, tokenizer: str) -> Path:
     """checkpoints/<corpus>-<model>-<tokenizer>, numbered when that name is taken."""
-    from charlm.checkpoint import last_of  # (lazy: what the CLI imports to start stays small)
+    from charlm.storage.checkpoint import last_of  # (lazy: what the CLI imports to start stays small)
 
     base = RUNS / _base(corpus, kind, tokenizer)
     out, n = base, 2
@@ -37,7 +37,7 @@ def default_out(corpus: str, kind: str, tokenizer: str) -> Path:
 
 
 def latest_run(corpus: str, kind: str, tokenizer: str) -> Path:
-    from charlm.checkpoint import LAST, last_of
+    from charlm.storage.checkpoint import LAST, last_of
 
     base = _base(corpus, kind, tokenizer)
     runs = [p for p in RUNS.glob(f"{base}*") if last_of(p)]
@@ -234,7 +234,7 @@ def resume_configs(
 
 def teacher_file(name: str) -> str:
     """The checkpoint file a --teacher names, as a distilled run records it: absolute and free of links."""
-    from charlm import checkpoint  # (as in describe: only this needs it)
+    from charlm.storage import checkpoint  # (as in describe: only this needs it)
 
     return str(checkpoint.resolve(name).resolve())
 
@@ -248,7 +248,7 @@ DEPTH = 6  # folders below the root searched for runs: lab runs sit at checkpoin
 def checkpoints() -> tuple[str, ...]:
     """The files that make a folder a run: training writes last and best, compress only best (an older
     charlm's .pt names after)."""
-    from charlm.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST  # (lazy, as in describe)
+    from charlm.storage.checkpoint import BEST, LAST, OLD_BEST, OLD_LAST  # (lazy, as in describe)
 
     return (LAST, BEST, OLD_LAST, OLD_BEST)
 
@@ -294,7 +294,8 @@ def run_name(run: Path, root: Path = RUNS) -> str:
 def describe(run: Path, root: Path | None = None) -> dict:
     """What `charlm runs` shows of one run (found in root), read from its last or best checkpoint (plain values: a
     table row or JSON)."""
-    from charlm import checkpoint  # runs.py sits below checkpoint for resume.py's sake; only listing needs it
+    # runs.py sits below checkpoint for training/resume.py's sake; only listing needs it
+    from charlm.storage import checkpoint
 
     path = checkpoint_of(run)
     name = run_name(run, root) if root is not None else run.name

@@ -1,4 +1,4 @@
-"""`?` in `charlm explore` (charlm/explore_app.py): two pages, the keys and a legend that says what every label,
+"""`?` in `charlm explore` (charlm/explore/app.py): two pages, the keys and a legend that says what every label,
 colour and number on the screen means and how it was measured. Textual, imported by that command only."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The two views of `charlm explore`'s app (charlm/explore_app.py): HeadView, a Transformer's layers × heads
+"""The two views of `charlm explore`'s app (charlm/explore/app.py): HeadView, a Transformer's layers × heads
 grid and what the cursor token looked at; UnitView, an LSTM/GRU's units × tokens heat map and the selected
 unit's gates. Each holds its selection as reactive state (Textual's `var`: a change redraws the app) and
 answers the app's questions alike: what shades the text, its grid, its panel line, what `x` takes out, its
-keys, its notes and its legend (explore_help.py). Textual, imported by that command only."""
+keys, its notes and its legend (help.py). Textual, imported by that command only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from textual.reactive import var
 
 from charlm.commands import explore as ex
 from charlm.errors import ConfigError
-from charlm.explore_widgets import CURSOR_COLUMN, SCORE, SHORT_ROLE, UNSEEN, Lines, num, shade
+from charlm.explore.widgets import CURSOR_COLUMN, SCORE, SHORT_ROLE, UNSEEN, Lines, num, shade
 from charlm.views.heatmap import HEAT_STOPS, NEG_STOPS, POS_STOPS, SIGNED_RAMPS, UNICODE_RAMP, token_label
 
 SIGNED = ("cell state", "hidden", "cell", "new")  # quantities with a sign: orange above 0, blue below

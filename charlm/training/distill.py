@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from charlm import checkpoint, files
+from charlm import files
 from charlm.config import ModelConfig, TrainConfig
 from charlm.errors import ConfigError
-from charlm.runs import teacher_file
+from charlm.storage import checkpoint
+from charlm.storage.runs import teacher_file
 
 
 class Teacher:
