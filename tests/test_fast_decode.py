@@ -204,12 +204,18 @@ def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
 # ---- the RNN's numpy step (FastRNN) ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("table", [True, False], ids=["input table", "no table"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_the_numpy_rnn_step_follows_torch_state_by_state(kind):
+def test_the_numpy_rnn_step_follows_torch_state_by_state(kind, table, monkeypatch):
     """FastRNN against torch's nn.LSTM / nn.GRU, one token at a time after a prompt torch fed: each layer's h
     (and the LSTM's c) after every step, then the logits. A failure names the first step, layer and quantity
-    where the two part. The state is the cache's own, so torch may take over again and agree."""
+    where the two part. The state is the cache's own, so torch may take over again and agree. Both ways of the
+    first layer's input part: its row of the per-token table, and (a vocabulary too large for one) W_ih e."""
+    from charlm.models import fast_rnn
     from charlm.models.fast_rnn import FastRNN
+
+    if not table:
+        monkeypatch.setattr(fast_rnn, "TABLE_BYTES", 0)
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(kind=kind, vocab_size=VOCAB, n_layers=2, d_model=24, context=16)).eval()
@@ -221,6 +227,7 @@ def test_the_numpy_rnn_step_follows_torch_state_by_state(kind):
     with torch.no_grad():
         model.decode(ids[:5], ours), model.decode(ids[:5], theirs)  # a prompt, fed by torch
         fast = FastRNN(model, ours)
+        assert (fast.table is not None) == table
         names = ["h", "c"] if kind == "lstm" else ["h"]
         for t, token in enumerate(ids[5:30]):
             trace: list = []
@@ -252,6 +259,32 @@ def test_the_streamer_steps_an_lstm_in_numpy():
     with torch.no_grad():
         want = model(torch.tensor([[1, 2, 3, 4]]))[0][0, -1]
     assert isinstance(gen.fast, FastRNN) and (torch.as_tensor(logits) - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_rnn_steps_input_table_is_remade_when_the_weights_change_in_place(kind):
+    """The input table is a copy of layer 0's W_ih applied to every token: after an in-place update of those
+    weights (as an optimizer step or load_state_dict makes), the Streamer's next numpy step is a new one, and its
+    logits are the model's own."""
+    from charlm.models.fast_rnn import FastRNN
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind=kind, vocab_size=VOCAB, n_layers=2, d_model=16, context=16)).eval()
+    gen, theirs = Streamer(model, tokenizer=None), model.new_cache(1)
+    gen.ids = [1, 2, 3]
+    gen.next_logits()  # a prompt: torch
+    gen.ids.append(4)
+    gen.next_logits()  # one new token: numpy, with its table
+    first = gen.fast
+    assert isinstance(first, FastRNN) and first.table is not None and first.current()
+    with torch.no_grad():
+        model.decode([1, 2, 3], theirs), model.decode([4], theirs)  # torch's state after the same tokens
+        model.rnn.weight_ih_l0.mul_(-2.0)  # in place: the same memory, other values
+        want = model.decode([5], theirs)  # the next step with the new weights
+    assert not first.current()
+    gen.ids.append(5)
+    logits = gen.next_logits()
+    assert gen.fast is not first and (torch.as_tensor(logits) - want).abs().max().item() <= 1e-5
 
 
 # ---- the compiled step (CompiledDecoder: numba, matrices stored as bf16 or int8) ------------------------------

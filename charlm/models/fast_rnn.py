@@ -6,9 +6,15 @@ sequence of one), where the arithmetic is a few matrix-vector products: numpy do
 that (benchmarks/bench_rnn_step.py; RESULTS.md, "Speed, round five").
 
 FastRNN(model, cache).step_np(token) -> logits (vocab,) is model(token, cache=cache) for one token. It reads the
-weights through zero-copy views (never stale copies) and carries the state in the cache's own (h, c) tensors,
-updated in place, so torch and numpy steps can follow each other on one RNNState (a prompt fed by torch, the
-tokens after it by numpy). The step's scratch arrays are its own, made once.
+weights through zero-copy views and carries the state in the cache's own (h, c) tensors, updated in place, so
+torch and numpy steps can follow each other on one RNNState (a prompt fed by torch, the tokens after it by
+numpy). The step's scratch arrays are its own, made once.
+
+The first layer's input part depends on the token alone: W_ih e + b_ih for every token of the vocabulary is one
+table (vocab × gates, made with the step, while it is at most TABLE_BYTES), and a step reads its row instead of
+W_ih (a quarter of the weights a two-layer step reads; the weights do not fit a 2 MB L2 at 2 × 256). The table is
+the one copy: `current()` is fast_decode's `unchanged` (no in-place update of any parameter since the step was
+made), so an optimizer step or a load_state_dict makes the Streamer build a new step.
 
 PyTorch's equations (gate order as nn.LSTM / nn.GRU store them):
   LSTM: i, f, g, o = W_ih x + b_ih + W_hh h + b_hh;  c = σ(f) c + σ(i) tanh(g);  h = σ(o) tanh(c)
@@ -22,13 +28,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from charlm.models.fast_decode import unchanged, weights_version
 from charlm.models.rnn import RNN, RNNState
+
+TABLE_BYTES = 4 << 20  # the first layer's input table, at most: a char or 1,024-token BPE vocabulary at 2 × 256
 
 
 class FastRNN:
     def __init__(self, model: RNN, cache: RNNState):
         self.model, self.cache, self.lstm = model, cache, model.cfg.kind == "lstm"
-        self.weight, self.weight_at = model.tok_emb.weight, model.tok_emb.weight.data_ptr()
+        self.weight_at = model.tok_emb.weight.data_ptr()
+        self.params = list(model.parameters())  # listed once (fast_decode.unchanged)
+        self.version = weights_version(self.params)
         rnn, L, H = model.rnn, model.rnn.num_layers, model.rnn.hidden_size
         self.tok_emb, self.head_w, self.head_b = _np(model.tok_emb.weight), _np(model.head.weight), _np(model.head.bias)
         self.layers = [
@@ -36,6 +47,10 @@ class FastRNN:
             for l in range(L)
         ]
         gates = (4 if self.lstm else 3) * H
+        self.table = None  # (vocab, gates): tok_emb W_ih^T + b_ih of layer 0, when it is small enough
+        if model.tok_emb.weight.shape[0] * gates * 4 <= TABLE_BYTES:
+            with torch.no_grad():
+                self.table = torch.addmm(rnn.bias_ih_l0, model.tok_emb.weight, rnn.weight_ih_l0.t()).numpy()
         self.gi, self.gh = np.empty(gates, np.float32), np.empty(gates, np.float32)  # input's and state's parts
         self.t = np.empty(H, np.float32)
         self.state: tuple[torch.Tensor, ...] | None = None  # the cache's state tensors that h, c below view
@@ -50,8 +65,8 @@ class FastRNN:
         return w.dtype == torch.float32 and w.is_cpu
 
     def current(self) -> bool:
-        """Whether the views still see the model's weights (and it is still in eval mode)."""
-        return not self.model.training and self.weight.data_ptr() == self.weight_at
+        """Whether the views and the table still stand for the model's weights (and it is still in eval mode)."""
+        return unchanged(self)
 
     def _state(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Views (L, H) of the cache's h (and c): zeros for a fresh cache; new views after a torch call."""
@@ -72,8 +87,11 @@ class FastRNN:
         x = self.tok_emb[token]
         for l, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.layers):
             h = hs[l]
-            w_ih.dot(x, out=gi)
-            gi += b_ih
+            if l == 0 and self.table is not None:
+                gi[:] = self.table[token]
+            else:
+                w_ih.dot(x, out=gi)
+                gi += b_ih
             w_hh.dot(h, out=gh)
             gh += b_hh
             if self.lstm:
