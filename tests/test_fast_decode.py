@@ -181,17 +181,17 @@ def test_refuses_to_run_past_the_context():
             FastDecoder(model, cache).step(0)
 
 
-@pytest.mark.parametrize("positions", ["rope", "alibi"])  # the relative ones: their cache rolls
-def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
-    """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
-    contents (ring order included) as torch's one-token steps, at every position."""
-    model = model_of(positions, context=8)
+def follows_torch_past_the_context(model, make_decoder, made_before_the_prompt: bool = False) -> None:
+    """A rolling cache that wraps four times (context 8, 40 tokens): a one-token step's logits and its cache's
+    contents (ring order included) as torch's one-token steps give them, at every position. The decoder is made
+    on its cache before or after torch feeds it the prompt."""
     ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
-    decoder = FastDecoder(model, fast_cache)
+    decoder = make_decoder(model, fast_cache) if made_before_the_prompt else None
     with torch.no_grad():
         for cache in (fast_cache, torch_cache):
             model(torch.tensor([ids[:5]]), cache=cache)
+        decoder = decoder or make_decoder(model, fast_cache)
         for t in range(5, 40):
             want = model(torch.tensor([[ids[t]]]), cache=torch_cache)[0][0, -1]
             got = decoder.step(ids[t])
@@ -199,6 +199,13 @@ def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
     assert fast_cache.pos == torch_cache.pos == 40
     torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["rope", "alibi"])  # the relative ones: their cache rolls
+def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
+    """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
+    contents (ring order included) as torch's one-token steps, at every position."""
+    follows_torch_past_the_context(model_of(positions, context=8), FastDecoder, made_before_the_prompt=True)
 
 
 # ---- the RNN's numpy step (FastRNN) ---------------------------------------------------------------------
@@ -430,20 +437,7 @@ def test_a_pruned_model_steps_compiled(compiled):
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
 def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions):
     """A rolling cache that wraps four times: logits and cache contents (ring order) as torch's one-token steps."""
-    model = rounded_to_bf16(model_of(positions, context=8))
-    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    fast_cache, torch_cache = model.new_cache(1, rolling=True), model.new_cache(1, rolling=True)
-    with torch.no_grad():
-        for cache in (fast_cache, torch_cache):
-            model(torch.tensor([ids[:5]]), cache=cache)
-        decoder = compiled.CompiledDecoder(model, fast_cache)
-        for t in range(5, 40):
-            want = model(torch.tensor([[ids[t]]]), cache=torch_cache)[0][0, -1]
-            got = decoder.step(ids[t])
-            assert (got - want).abs().max().item() <= 1e-4, f"position {t}"
-    assert fast_cache.pos == torch_cache.pos == 40
-    torch.testing.assert_close(fast_cache.k, torch_cache.k, atol=1e-5, rtol=0)
-    torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
+    follows_torch_past_the_context(rounded_to_bf16(model_of(positions, context=8)), compiled.CompiledDecoder)
 
 
 def test_compiled_refuses_to_run_past_the_context(compiled):

@@ -261,18 +261,20 @@ def reading(records: list[dict], s: dict, seeds: list[int], task: str = "recall"
             what = (
                 f"the {name}'s break does not grow steadily with width ({', '.join(f'{w}: {held[w]}' for w in widths)})"
             )
-        parts.append(
-            what[0].upper()
-            + what[1:]
-            + (
-                "; every model stopped where its held-out accuracy stopped rising."
-                if not capped
-                else "; every width stopped at its cap, so these are what this budget taught, not limits."
-                if len(capped) == len(held)
-                else f"; width{'s' if len(capped) > 1 else ''} {', '.join(map(str, capped))} stopped at the cap, so "
-                f"{'its' if len(capped) == 1 else 'their'}"
-                " break is what this budget taught, not a limit; the others stopped where their held-out accuracy"
-                " stopped rising."
-            )
-        )
+        parts.append(what[0].upper() + what[1:] + _stopped(capped, len(held)))
     return " ".join(parts)
+
+
+def _stopped(capped: list[int], widths: int) -> str:
+    """Whether the breaks read are limits (every model on its plateau) or what the step budget taught (the widths
+    that stopped at their cap)."""
+    if not capped:
+        return "; every model stopped where its held-out accuracy stopped rising."
+    if len(capped) == widths:
+        return "; every width stopped at its cap, so these are what this budget taught, not limits."
+    one = len(capped) == 1
+    return (
+        f"; width{'' if one else 's'} {', '.join(map(str, capped))} stopped at the cap, so {'its' if one else 'their'}"
+        " break is what this budget taught, not a limit; the others stopped where their held-out accuracy stopped"
+        " rising."
+    )
