@@ -106,9 +106,21 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         applies_to="transformer",
         section="Model",
     )
-    mlp_ratio: int = internal(
-        4, applies_to="transformer", range=Range(1, 16), what="mlp ratio"
-    )  # MLP hidden = mlp_ratio * d_model
+    mlp_ratio: int = flag(
+        4,
+        "The MLP's hidden width, in multiples of the model's width (transformer).",
+        from_preset=True,
+        applies_to="transformer",
+        section="Model",
+        range=Range(1, 16),
+    )
+    qk_norm: bool = flag(  # as in OLMo 2 and the modded-nanoGPT speedrun; the tiny preset learns faster with it
+        False,
+        "Scale each head's queries and keys to unit RMS before attention (QK-norm; transformer).",
+        from_preset=True,
+        applies_to="transformer",
+        section="Model",
+    )
     # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and
     # copy models: with a tied head the current key's own embedding pulls the answer toward the key itself)
     tied: bool = internal(True, applies_to="transformer")
@@ -137,10 +149,11 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         return only is None or only == self.kind
 
     def describe(self) -> str:
-        """The model's shape in a few words: "transformer (4 layers × 128, 4 heads, context 256)"."""
-        heads = f", {self.n_heads} heads" if self.applies("n_heads") else ""
+        """The model's shape in a few words: "transformer (3 layers × 128, 4 heads, MLP ×3, QK-norm, context 64)"."""
+        heads = f", {self.n_heads} heads, MLP ×{self.mlp_ratio}" if self.applies("n_heads") else ""
+        qk = ", QK-norm" if self.applies("qk_norm") and self.qk_norm else ""
         layers = f"{self.n_layers} layer{'s' * (self.n_layers != 1)}"
-        return f"{self.kind} ({layers} × {self.d_model}{heads}, context {self.context})"
+        return f"{self.kind} ({layers} × {self.d_model}{heads}{qk}, context {self.context})"
 
     def validate(self) -> ModelConfig:
         check_fields(self)

@@ -85,7 +85,10 @@ def config_options(cls, defaults: dict | None = None) -> list[click.Option]:
         name, m = flag_name(f), f.metadata
         decls = [f"--{name}"] + ([f"-{m['short']}"] if m["short"] else []) + [f.name]
         kw = dict(help=m["help"])
-        if m["from_preset"]:
+        if m["from_preset"] and f.type == "bool":  # --qk-norm/--no-qk-norm, None when neither is typed
+            decls[0] = f"--{name}/--no-{name}"
+            kw.update(default=None, help=m["help"] + " [default: from --preset]")
+        elif m["from_preset"]:
             kw.update(type=type(f.default), default=None, help=m["help"] + " [default: from --preset]")
         elif f.type == "bool":  # a setting a resumed run may change can also be turned off: --no-compile
             two = f.default or m["resumable"]

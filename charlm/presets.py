@@ -18,9 +18,39 @@ PRESET_TABLE: dict[str, dict[str, dict]] = {
     "transformer": {
         # batch 32: with attention in fp32 under autocast, 1.05x the tokens/s of 16 and a lower loss in nanoGPT's
         # recipe time (issue 40: 1.547-1.582 against 1.596-1.604 nats/char; RESULTS.md, "Speed, round five")
-        "tiny": dict(n_layers=4, d_model=128, n_heads=4, context=64, dropout=0.0, batch_size=32, lr=8e-3),
-        "small": dict(n_layers=6, d_model=256, n_heads=8, context=256, dropout=0.1, batch_size=32, lr=2e-3),
-        "medium": dict(n_layers=8, d_model=512, n_heads=8, context=512, dropout=0.1, batch_size=32, lr=1e-3),
+        "tiny": dict(
+            n_layers=4,
+            d_model=128,
+            n_heads=4,
+            context=64,
+            mlp_ratio=4,
+            qk_norm=False,
+            dropout=0.0,
+            batch_size=32,
+            lr=8e-3,
+        ),
+        "small": dict(
+            n_layers=6,
+            d_model=256,
+            n_heads=8,
+            context=256,
+            mlp_ratio=4,
+            qk_norm=False,
+            dropout=0.1,
+            batch_size=32,
+            lr=2e-3,
+        ),
+        "medium": dict(
+            n_layers=8,
+            d_model=512,
+            n_heads=8,
+            context=512,
+            mlp_ratio=4,
+            qk_norm=False,
+            dropout=0.1,
+            batch_size=32,
+            lr=1e-3,
+        ),
     },
     "lstm": {
         "tiny": dict(n_layers=2, d_model=256, context=64, dropout=0.0, batch_size=64, lr=4e-3),
@@ -43,8 +73,10 @@ def describe_presets() -> list[tuple[str, str]]:
 
     def sizes(s: dict) -> str:
         heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
+        mlp = f", MLP ×{s['mlp_ratio']}" if "mlp_ratio" in s else ""
+        qk = ", QK-norm" if s.get("qk_norm") else ""
         return (
-            f"{s['n_layers']} layers × {s['d_model']}{heads}, context {s['context']}, dropout {s['dropout']:g}, "
+            f"{s['n_layers']} layers × {s['d_model']}{heads}{mlp}{qk}, context {s['context']}, dropout {s['dropout']:g}, "
             f"batch {s['batch_size']}, lr {s['lr']:g}"
         )
 

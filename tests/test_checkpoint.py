@@ -685,3 +685,17 @@ def test_a_non_numeric_metric_is_one_line(saved, tmp_path, changes, message):
     """Regression: `info` crashed formatting a best_val_bpc that was missing while best_val_loss was set."""
     bad = tampered(saved, tmp_path / "metric.pt", **changes)
     one_line_error(CliRunner().invoke(main, ["info", str(bad)]), "is a damaged charlm checkpoint", message)
+
+
+def test_qk_norm_is_read_as_saved_and_absent_means_off(saved, tmp_path):
+    """ModelConfig.qk_norm: a checkpoint from before it (no such field) is a model without it, and a field that is
+    not true or false is a one-line error, not a model built on a guess."""
+    t, m = tensors_and_metadata(saved)
+    cfg = json.loads(m["model_config"])
+    older = _st(saved, tmp_path, "older.safetensors", model_config={k: v for k, v in cfg.items() if k != "qk_norm"})
+    assert checkpoint.read(older).model_config.qk_norm is False
+    for value in ("yes", 1):
+        bad = _st(saved, tmp_path, "bad.safetensors", model_config=cfg | {"qk_norm": value})
+        r = CliRunner().invoke(main, ["info", str(bad)])
+        assert r.exit_code == 1 and r.stderr.startswith("error: ") and "qk_norm" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1

@@ -93,10 +93,11 @@ def test_train_help_groups_its_options_and_explains_the_presets():
     presets = " ".join(out.split("Presets")[1].split("Examples:")[0].split())
     for name in ("tiny", "small", "medium"):
         tf, rnn = PRESET_TABLE["transformer"][name], PRESET_TABLE["lstm"][name]
+        qk = ", QK-norm" if tf["qk_norm"] else ""
         assert (
             f"{name} for" in presets
-            and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, context {tf['context']}"
-            in presets
+            and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, MLP ×{tf['mlp_ratio']}"
+            f"{qk}, context {tf['context']}" in presets
             and f"lstm/gru {rnn['n_layers']} layers × {rnn['d_model']}" in presets
         )
     assert "the default on CPU" in presets and "the default on CUDA" in presets

@@ -15,9 +15,10 @@ from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import CharTokenizer
 
 VOCAB = 40
+QK_NORM = pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
 
 
-def model_of(positions="rope", layers=3, context=24, seed=0):
+def model_of(positions="rope", layers=3, context=24, seed=0, qk_norm=False):
     """Random weights large enough that logits are O(1..10), so a 1e-4 agreement means something."""
     torch.manual_seed(seed)
     cfg = ModelConfig(
@@ -28,6 +29,7 @@ def model_of(positions="rope", layers=3, context=24, seed=0):
         n_heads=4,
         context=context,
         positions=positions,
+        qk_norm=qk_norm,
     )
     model = build_model(cfg).eval()
     with torch.no_grad():
@@ -99,10 +101,11 @@ def decode_all(model, ids: list[int], prefill: int) -> str | None:
     return None
 
 
+@QK_NORM
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("prefill", [1, 7])
-def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill):
-    model = model_of(positions)
+def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill, qk_norm):
+    model = model_of(positions, qk_norm=qk_norm)
     ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
     problem = decode_all(model, ids, prefill)
     assert problem is None, problem
@@ -201,11 +204,13 @@ def follows_torch_past_the_context(model, make_decoder, made_before_the_prompt: 
     torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
 
 
+@QK_NORM
 @pytest.mark.parametrize("positions", ["rope", "alibi"])  # the relative ones: their cache rolls
-def test_rolling_cache_fast_equals_torch_far_past_the_context(positions):
+def test_rolling_cache_fast_equals_torch_far_past_the_context(positions, qk_norm):
     """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
     contents (ring order included) as torch's one-token steps, at every position."""
-    follows_torch_past_the_context(model_of(positions, context=8), FastDecoder, made_before_the_prompt=True)
+    model = model_of(positions, context=8, qk_norm=qk_norm)
+    follows_torch_past_the_context(model, FastDecoder, made_before_the_prompt=True)
 
 
 # ---- the RNN's numpy step (FastRNN) ---------------------------------------------------------------------
@@ -343,11 +348,12 @@ def compiled_all(compiled, model, ids, prefill, storage, tol=1e-4, found=None):
 IDS = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
+@QK_NORM
 @pytest.mark.parametrize("positions", POSITIONS)
-def test_compiled_step_equals_torch_block_by_block(compiled, positions):
+def test_compiled_step_equals_torch_block_by_block(compiled, positions, qk_norm):
     """The kernel's arithmetic, with the weights as they are (float32 storage): torch's recompute of the whole
     prefix at every position, block by block, to 1e-4 on logits of O(1..10)."""
-    problem = compiled_all(compiled, model_of(positions), IDS, 3, "f32")
+    problem = compiled_all(compiled, model_of(positions, qk_norm=qk_norm), IDS, 3, "f32")
     assert problem is None, problem
 
 
@@ -434,10 +440,12 @@ def test_a_pruned_model_steps_compiled(compiled):
     assert problem is None, problem
 
 
+@QK_NORM
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
-def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions):
+def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions, qk_norm):
     """A rolling cache that wraps four times: logits and cache contents (ring order) as torch's one-token steps."""
-    follows_torch_past_the_context(rounded_to_bf16(model_of(positions, context=8)), compiled.CompiledDecoder)
+    model = rounded_to_bf16(model_of(positions, context=8, qk_norm=qk_norm))
+    follows_torch_past_the_context(model, compiled.CompiledDecoder)
 
 
 def test_compiled_refuses_to_run_past_the_context(compiled):

@@ -155,6 +155,41 @@ def test_cached_decoding_equals_full_forward(kind, positions):
 
 
 @pytest.mark.parametrize("positions", POSITIONS)
+def test_qk_norm_cached_decoding_equals_full_forward(positions):
+    """ModelConfig.qk_norm: the cache holds normalised (and turned) keys; one token at a time as one pass."""
+    model = tiny("transformer", positions, qk_norm=True)
+    x = tokens(t=14)
+    full, _ = model(x)
+    cache = model.new_cache(B)
+    with torch.no_grad():
+        out = [model(x[:, :5], cache=cache)[0]] + [model(x[:, i : i + 1], cache=cache)[0] for i in range(5, 14)]
+    torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-4, rtol=0)
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    """What QK-norm is (each head's q and k at unit RMS): scaling one head's query rows or key rows of qkv by any
+    positive number changes no logit; without it, the same scaling does."""
+
+    def scaled_logits(qk_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model = tiny("transformer", "rope", qk_norm=qk_norm)
+        x = tokens()
+        with torch.no_grad():
+            for p in model.parameters():  # q and k far above the norm's epsilon
+                p.normal_(0.0, 0.3)
+            before, _ = model(x)
+            w = model.blocks[0].attn.qkv.weight  # rows: q (4 heads × 8), k, v
+            w[0:8] *= 7.0  # head 0's query
+            w[32 + 8 : 32 + 16] *= 0.2  # head 1's key
+            after, _ = model(x)
+        return before, after
+
+    before, after = scaled_logits(qk_norm=True)
+    torch.testing.assert_close(after, before, atol=2e-5, rtol=0)
+    before, after = scaled_logits(qk_norm=False)
+    assert (after - before).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
 def test_transformer_refuses_to_run_past_its_context(positions):
     model = tiny("transformer", positions)
     with pytest.raises(ValueError, match="exceed the model's context of 16"):

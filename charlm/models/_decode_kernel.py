@@ -75,6 +75,18 @@ def _rmsnorm(x, w, eps, out):
 
 
 @njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
+def _unit_rms(v, eps):
+    # transformer.qk_normed on one head's channels (hs,) in place
+    n = v.shape[0]
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += v[i] * v[i]
+    r = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + eps))
+    for i in range(n):
+        v[i] *= r
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
 def _rope(v, cos, sin):
     # apply_rope on one head's channels (hs,) in place: pairs (i, half + i) turned by the position's angle
     half = cos.shape[0]
@@ -88,7 +100,7 @@ def _rope(v, cos, sin):
 def step(
     token, pos, slots, emb, pos_row, norms, eps,
     qkv, qkv_s, proj, proj_s, fc, fc_s, fcp, fcp_s, head, head_s,
-    K, V, cos, sin, use_rope, slopes, use_alibi, scale, scratch, trace, do_trace, logits,
+    K, V, cos, sin, use_rope, slopes, use_alibi, scale, use_qk_norm, qk_eps, scratch, trace, do_trace, logits,
 ):  # fmt: skip
     """Logits (vocab,) into `logits` for `token` at position pos; its keys and values into slot pos % slots of
     K, V (layers, heads, slots, hs). scratch: (4, 3A + H + C + slots) float32; trace: (2 layers, C) residuals."""
@@ -113,6 +125,9 @@ def step(
         for hd in range(nh):
             qh = q[hd * hs : (hd + 1) * hs]
             kh = q[A + hd * hs : A + (hd + 1) * hs]
+            if use_qk_norm:
+                _unit_rms(qh, qk_eps)
+                _unit_rms(kh, qk_eps)
             if use_rope:
                 _rope(qh, cos, sin)
                 _rope(kh, cos, sin)
@@ -184,6 +199,6 @@ def warm_up() -> None:
             0, 0, slots, f((V, C), np.float32), f(C, np.float32), f((2 * L + 1, C), np.float32),
             np.ones(2 * L + 1, np.float32), *args, f((V, C), dtype), np.ones(V, np.float32),
             f((L, nh, slots, hs), np.float32), f((L, nh, slots, hs), np.float32), f(hs // 2, np.float32),
-            f(hs // 2, np.float32), False, f(nh, np.float32), False, 0.5, f((4, 3 * nh * hs + H + C + slots), np.float32),
+            f(hs // 2, np.float32), False, f(nh, np.float32), False, 0.5, False, 1e-6, f((4, 3 * nh * hs + H + C + slots), np.float32),
             f((2 * L, C), np.float32), False, f(V, np.float32),
         )  # fmt: skip

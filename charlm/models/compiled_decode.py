@@ -43,7 +43,7 @@ import torch.nn as nn
 
 from charlm.models import fast_decode
 from charlm.models.fast_decode import FastDecoder, as_int8, matrices, unchanged, weights_version
-from charlm.models.transformer import Transformer, rope_inv_freq
+from charlm.models.transformer import QK_NORM_EPS, Transformer, rope_inv_freq
 
 # Tokens a Streamer must be about to reach (its numpy steps so far plus the stream's max_tokens) before the kernel
 # starts loading: the load costs ~0.6 s of a core (numba's import and the cached machine code; the first time on a
@@ -166,6 +166,7 @@ class CompiledDecoder:
         self.alibi = cfg.positions == "alibi"
         self.slopes = model.alibi_slopes.numpy() if self.alibi else np.zeros(nh, np.float32)
         self.scale = 1.0 / math.sqrt(hs)
+        self.qk_norm, self.qk_eps = cfg.qk_norm, float(QK_NORM_EPS)
 
     supports = staticmethod(supports)
 
@@ -191,7 +192,7 @@ class CompiledDecoder:
         self.kernel(
             token, pos, slots, self.emb, pos_row, self.norms, self.eps,
             *w["qkv"], *w["proj"], *w["fc"], *w["fcp"], *w["head"],
-            self.k, self.v, cos, sin, self.rope, self.slopes, self.alibi, self.scale, self.scratch,
+            self.k, self.v, cos, sin, self.rope, self.slopes, self.alibi, self.scale, self.qk_norm, self.qk_eps, self.scratch,
             tr, trace is not None, self.logits,
         )  # fmt: skip
         cache.pos += 1

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from charlm.models.transformer import KVCache, Transformer, rope_inv_freq
+from charlm.models.transformer import QK_NORM_EPS, KVCache, Transformer, rope_inv_freq
 
 # Below this many bytes of float32 matrices a model's weights stay in L2 as they are: bf16 storage buys nothing
 # (compiled step, 2 x 64: 15.6 us a token in float32, 16.3 in bf16; 4 x 64, 0.77 MB: 30.9 and 26.7; 4 x 128, 3 MB:
@@ -137,6 +137,7 @@ class FastDecoder:
         self.att_rows, self.y_rows = self.att.transpose(0, 2, 1), self.y.reshape(nh, 1, hs)  # views for att @ values
         self.h = np.empty(model.blocks[0].mlp.fc.weight.shape[0], f32)  # the MLP's hidden layer
         self.scale = 1.0 / math.sqrt(hs)
+        self.qk_norm = (np.empty((2 * nh, 1), f32), 1.0 / hs, float(QK_NORM_EPS)) if cfg.qk_norm else None
         self.pos_table = self.rope = self.alibi = None
         if cfg.positions == "learned":
             self.pos_table = _np(model.pos_emb.weight)
@@ -192,6 +193,11 @@ class FastDecoder:
         for ((w1, eps1), qkv, proj, (w2, eps2), fc, fc_proj), (keys, values, k_at, v_at) in zip(self.layers, self.kv):
             np.multiply(w1, 1.0 / math.sqrt(float(x.dot(x)) * inv_c + eps1), out=w)  # norm1: weight / rms(x)
             qkv.dot(np.multiply(x, w, out=xn), out=self.qkv)  # q, k, v: each (nh, hs)
+            if self.qk_norm is not None:  # qk_normed: each head's q and k scaled to unit RMS
+                r, inv_hs, qk_eps = self.qk_norm
+                np.einsum("ij,ij->i", self.qk, self.qk, out=r[:, 0])
+                np.sqrt(np.add(np.multiply(r, inv_hs, out=r), qk_eps, out=r), out=r)
+                np.divide(self.qk, r, out=self.qk)
             if self.rope is not None:
                 self.qk.dot(rope, out=qk)
             np.multiply(qk[:nh], self.scale, out=q_rows)

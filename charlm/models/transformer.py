@@ -92,6 +92,14 @@ def rope_at(head_dim: int, start: int, T: int) -> tuple[torch.Tensor, torch.Tens
     return angles.cos().float(), angles.sin().float()
 
 
+QK_NORM_EPS = torch.finfo(torch.float32).eps  # nn.RMSNorm's default in float32, whatever dtype attention runs in
+
+
+def qk_normed(x: torch.Tensor) -> torch.Tensor:
+    """Each head's vector (last dim) scaled to unit RMS, computed in float32 (ModelConfig.qk_norm)."""
+    return F.rms_norm(x.float(), (x.size(-1),), eps=QK_NORM_EPS).to(x.dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # rotate pairs (first half, second half) of each head's channels by a position-dependent angle
     x1, x2 = x.chunk(2, dim=-1)
@@ -143,7 +151,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.head_size = cfg.n_heads, cfg.head_size
+        self.n_heads, self.head_size, self.qk_norm = cfg.n_heads, cfg.head_size, cfg.qk_norm
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.attn_width, bias=False)
         self.proj = nn.Linear(cfg.attn_width, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
@@ -153,9 +161,13 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = x.size()
         A = self.n_heads * self.head_size  # d_model, unless heads were dropped (charlm compress)
         q, k, v = self.qkv(x).split(A, dim=2)
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and CPU_ATTENTION_FP32:
+            q, k, v = q.float(), k.float(), v.float()  # attention in fp32 from here on; proj casts back
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        if self.qk_norm:
+            q, k = qk_normed(q), qk_normed(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
@@ -171,8 +183,8 @@ class CausalSelfAttention(nn.Module):
 
     def _sdpa(self, q, k, v, past, bias):
         if q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and CPU_ATTENTION_FP32:
-            with torch.autocast("cpu", enabled=False):  # autocast would cast fp32 inputs back to bf16
-                return self._sdpa_call(q.float(), k.float(), v.float(), past, bias)  # proj casts the output back
+            with torch.autocast("cpu", enabled=False):  # autocast would cast the fp32 inputs back to bf16
+                return self._sdpa_call(q, k, v, past, bias)
         return self._sdpa_call(q, k, v, past, bias)
 
     def _sdpa_call(self, q, k, v, past, bias):

@@ -171,6 +171,8 @@ class Saved:
             "heads": m.n_heads if m.applies("n_heads") else None,
             "context": m.context,
             "positions": m.positions if m.applies("positions") else None,
+            "mlp_ratio": m.mlp_ratio if m.applies("mlp_ratio") else None,
+            "qk_norm": m.qk_norm if m.applies("qk_norm") else None,
             "params": self.params,
             "tokenizer": self.train_config.tokenizer,
             "vocab_size": m.vocab_size,  # read() checked that the tokenizer has as many

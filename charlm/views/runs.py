@@ -142,7 +142,8 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
     table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
     size = f"{info['layers']} layers × {info['d_model']}"
     if info["heads"]:
-        size += f", {info['heads']} heads, {info['positions']} positions"
+        size += f", {info['heads']} heads, MLP ×{info['mlp_ratio']}{', QK-norm' if info['qk_norm'] else ''}"
+        size += f", {info['positions']} positions"
     table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
     if info.get("compressed"):  # charlm compress
