@@ -217,6 +217,13 @@ class TrainConfig(Validated):
         section="Optimisation",
         range=Range(0, 10, low_open=True, high_open=True, text="positive and below 10"),
     )
+    muon_steps: int = flag(
+        5,
+        "Muon's Newton-Schulz iterations a step (how nearly orthogonal its update is).",
+        from_preset=True,
+        section="Optimisation",
+        range=Range(1, 20),
+    )
     weight_decay: float = flag(
         0.1, "AdamW weight decay of matrices and embeddings.", section="Optimisation", range=Range(0)
     )

@@ -380,3 +380,17 @@ def test_the_parameter_count_without_a_model_is_the_real_count(kind):
     for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
         cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)
         assert config_params(cfg) == count_params(build_model(cfg)), cfg
+
+
+def test_qk_norms_gradient_is_f_rms_norms():
+    """transformer.qk_normed's hand-written backward against torch's own F.rms_norm (values and gradients), on a
+    strided view like attention's heads."""
+    from charlm.models.transformer import QK_NORM_EPS, qk_normed
+
+    x = torch.randn(3, 10, 24).view(3, 10, 3, 8).transpose(1, 2) * 5
+    g = torch.randn(3, 3, 10, 8)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (qk_normed(mine) * g).sum().backward()
+    (torch.nn.functional.rms_norm(ref, (8,), eps=QK_NORM_EPS) * g).sum().backward()
+    torch.testing.assert_close(qk_normed(x), torch.nn.functional.rms_norm(x, (8,), eps=QK_NORM_EPS))
+    torch.testing.assert_close(mine.grad, ref.grad)

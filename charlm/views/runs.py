@@ -140,7 +140,7 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
     table = Table(title=Text(safe_text(info["run"])), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
-    size = f"{info['layers']} layers × {info['d_model']}"
+    size = f"{info['layers']} layer{'s' * (info['layers'] != 1)} × {info['d_model']}"
     if info["heads"]:
         size += f", {info['heads']} heads, MLP ×{info['mlp_ratio']}{', QK-norm' if info['qk_norm'] else ''}"
         size += f", {info['positions']} positions"
