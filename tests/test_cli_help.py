@@ -97,7 +97,8 @@ def test_train_help_groups_its_options_and_explains_the_presets():
         assert (
             f"{name} for" in presets
             and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, MLP ×{tf['mlp_ratio']}"
-            f"{qk}, context {tf['context']}" in presets
+            f"{qk}, context {tf['context']}"
+            in presets
             and f"lstm/gru {rnn['n_layers']} layers × {rnn['d_model']}" in presets
         )
     assert "the default on CPU" in presets and "the default on CUDA" in presets
