@@ -60,7 +60,7 @@ TEXT = (
 TOKENIZER = CharTokenizer.train([TEXT + "".join(chr(c) for c in range(32, 127))])  # 95 printable chars + newline
 
 SIZES = {
-    "tiny preset (4×128, 4 heads, context 256, dropout 0)": dict(preset("transformer", "tiny")[0]),
+    "tiny preset (its own sizes)": dict(preset("transformer", "tiny")[0]),
     "nanoGPT size (4×128, 4 heads, context 64)": dict(n_layers=4, d_model=128, n_heads=4, context=64),
     "4×128, 4 heads, context 256": dict(n_layers=4, d_model=128, n_heads=4, context=256),
 }

@@ -97,7 +97,8 @@ QK_NORM_EPS = torch.finfo(torch.float32).eps  # nn.RMSNorm's default in float32,
 
 class _UnitRMS(torch.autograd.Function):
     """x / sqrt(mean(x²) + eps) over the last dim (F.rms_norm without a weight), with its gradient written out:
-    r (g - y mean(g y)). Half the time of F.rms_norm's forward and backward on a CPU (RESULTS.md, "QK-norm")."""
+    r (g - y mean(g y)). ~0.6x the time of F.rms_norm's forward and backward on a CPU (RESULTS.md, "The tiny
+    preset, round six")."""
 
     @staticmethod
     def forward(ctx, x):
@@ -182,7 +183,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
-        if self.qk_norm:  # in fp32 where attention runs in fp32 (the norm's output is: no cast back and forth)
+        if self.qk_norm:  # the norm's output stays fp32 where attention runs in fp32: no cast down and up again
             dtype = torch.float32 if self._fp32_attention(x) else None
             q, k = qk_normed(q, dtype), qk_normed(k, dtype)
         if rope is not None:
