@@ -217,6 +217,13 @@ class TrainConfig(Validated):
         section="Optimisation",
         range=Range(0, 10, low_open=True, high_open=True, text="positive and below 10"),
     )
+    muon_momentum: float = flag(
+        0.95,
+        "Muon's momentum (the share of the last update its next one keeps).",
+        from_preset=True,
+        section="Optimisation",
+        range=Range(0, 1, high_open=True),
+    )
     muon_steps: int = flag(
         5,
         "Muon's Newton-Schulz iterations a step (how nearly orthogonal its update is).",

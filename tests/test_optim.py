@@ -92,3 +92,28 @@ def test_newton_schulz_runs_in_bf16_only_where_the_hardware_has_it():
     assert newton_schulz_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
     if torch.cuda.is_available():
         assert newton_schulz_dtype("cuda") == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
+
+
+def test_the_muon_settings_reach_torch_muon_as_it_would_run_them():
+    """--muon-steps and --muon-momentum: charlm's Muon, built from a TrainConfig, takes the same steps as
+    torch.optim.Muon given ns_steps and momentum by hand (the reference); the defaults are torch's."""
+    from charlm.config import ModelConfig, TrainConfig
+    from charlm.models import build_model
+    from charlm.training.optim import make_optimizer
+
+    assert (TrainConfig().muon_steps, TrainConfig().muon_momentum) == (5, 0.95)  # torch.optim.Muon's
+    model = build_model(ModelConfig(kind="transformer", vocab_size=11, n_layers=1, d_model=16, n_heads=2, context=8))
+    cfg = TrainConfig(muon_steps=3, muon_momentum=0.8, muon_lr=0.02)
+    ours = make_optimizer(model, cfg, "cpu").optimizers[0]
+    start = [p.detach().clone() for p in ours.param_groups[0]["params"]]
+    theirs_params = [torch.nn.Parameter(p.clone()) for p in start]
+    theirs = torch.optim.Muon(theirs_params, lr=0.02, weight_decay=0.0, ns_steps=3, momentum=0.8)
+    ours.ns_dtype = torch.bfloat16  # as torch's own step: then the two compute the same products
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        for p, q in zip(ours.param_groups[0]["params"], theirs_params):
+            p.grad = q.grad = torch.randn(p.shape, generator=g)
+        ours.step()
+        theirs.step()
+    for p, q in zip(ours.param_groups[0]["params"], theirs_params):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=0)

@@ -157,6 +157,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str) -> Opt
                     [{"params": muon, "lr_scale": cfg.muon_lr / cfg.lr}],
                     lr=cfg.muon_lr,
                     ns_steps=cfg.muon_steps,
+                    momentum=cfg.muon_momentum,
                     weight_decay=0.0,
                     ns_dtype=newton_schulz_dtype(device),
                 ),
