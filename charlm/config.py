@@ -66,6 +66,24 @@ def unknown_flag(**kw):
     )
 
 
+def shape_words(
+    layers: int,
+    width: int,
+    context: int,
+    heads: int | None = None,
+    mlp_ratio: int | None = None,
+    qk_norm: bool = False,
+    positions: str | None = None,
+) -> str:
+    """A model's shape in the one wording of train's header, `info` and --help's presets: "3 layers × 128, 4 heads,
+    MLP ×3, QK-norm, rope positions, context 64" (heads and what follows them: a Transformer's)."""
+    words = [f"{layers} layer{'s' * (layers != 1)} × {width}"]
+    if heads:
+        words += [f"{heads} heads", f"MLP ×{mlp_ratio}"] + ["QK-norm"] * bool(qk_norm)
+        words += [f"{positions} positions"] if positions else []
+    return ", ".join([*words, f"context {context}"])
+
+
 @dataclass
 class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer is (validate() then)
     kind: str = flag("transformer", "Model family.", name="model", choices=MODEL_KINDS, section="Model")
@@ -150,10 +168,11 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
 
     def describe(self) -> str:
         """The model's shape in a few words: "transformer (3 layers × 128, 4 heads, MLP ×3, QK-norm, context 64)"."""
-        heads = f", {self.n_heads} heads, MLP ×{self.mlp_ratio}" if self.applies("n_heads") else ""
-        qk = ", QK-norm" if self.applies("qk_norm") and self.qk_norm else ""
-        layers = f"{self.n_layers} layer{'s' * (self.n_layers != 1)}"
-        return f"{self.kind} ({layers} × {self.d_model}{heads}{qk}, context {self.context})"
+        tf = self.applies("n_heads")
+        shape = shape_words(
+            self.n_layers, self.d_model, self.context, self.n_heads if tf else None, self.mlp_ratio, self.qk_norm
+        )
+        return f"{self.kind} ({shape})"
 
     def validate(self) -> ModelConfig:
         check_fields(self)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from charlm.config import MODEL_KINDS, ModelConfig, TrainConfig
+from charlm.config import MODEL_KINDS, ModelConfig, TrainConfig, shape_words
 from charlm.settings import check, from_text
 
 PRESETS = ("tiny", "small", "medium")
@@ -76,13 +76,11 @@ def describe_presets() -> list[tuple[str, str]]:
     """(name, what it sets for each model family) of every preset (train --help)."""
 
     def sizes(s: dict) -> str:
-        heads = f", {s['n_heads']} heads" if "n_heads" in s else ""
-        mlp = f", MLP ×{s['mlp_ratio']}" if "mlp_ratio" in s else ""
-        qk = ", QK-norm" if s.get("qk_norm") else ""
-        return (
-            f"{s['n_layers']} layers × {s['d_model']}{heads}{mlp}{qk}, context {s['context']}, dropout {s['dropout']:g}, "
-            f"batch {s['batch_size']}, lr {s['lr']:g}"
-            + (f", Muon {s['muon_steps']} steps, momentum {s['muon_momentum']:g}" if "muon_steps" in s else "")
+        shape = shape_words(
+            s["n_layers"], s["d_model"], s["context"], s.get("n_heads"), s.get("mlp_ratio"), s.get("qk_norm")
+        )
+        return f"{shape}, dropout {s['dropout']:g}, batch {s['batch_size']}, lr {s['lr']:g}" + (
+            f", Muon {s['muon_steps']} steps, momentum {s['muon_momentum']:g}" if "muon_steps" in s else ""
         )
 
     tables: dict[int, list[str]] = {}  # families that share one table (lstm and gru) are named together

@@ -64,25 +64,27 @@ def _matvec(W, s, x, out):
 
 
 @njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
-def _rmsnorm(x, w, eps, out):
+def _inv_rms(x, eps):
+    # 1 / sqrt(mean(x²) + eps), RMSNorm's scale
     n = x.shape[0]
     ss = np.float32(0.0)
     for j in range(n):
         ss += x[j] * x[j]
-    r = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + eps))
-    for j in range(n):
+    return np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + eps))
+
+
+@njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
+def _rmsnorm(x, w, eps, out):
+    r = _inv_rms(x, eps)
+    for j in range(x.shape[0]):
         out[j] = x[j] * r * w[j]
 
 
 @njit(fastmath=FAST, cache=True, nogil=True, error_model="numpy", inline="always")
 def _unit_rms(v, eps):
     # transformer.qk_normed on one head's channels (hs,) in place
-    n = v.shape[0]
-    ss = np.float32(0.0)
-    for i in range(n):
-        ss += v[i] * v[i]
-    r = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + eps))
-    for i in range(n):
+    r = _inv_rms(v, eps)
+    for i in range(v.shape[0]):
         v[i] *= r
 
 

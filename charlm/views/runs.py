@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from charlm.config import shape_words
 from charlm.data import bits_per_char
 from charlm.views.plot import line_chart
 from charlm.views.text import duration, safe_text
@@ -140,11 +141,16 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
     table = Table(title=Text(safe_text(info["run"])), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # a long path wraps instead of losing its end to "…"
-    size = f"{info['layers']} layer{'s' * (info['layers'] != 1)} × {info['d_model']}"
-    if info["heads"]:
-        size += f", {info['heads']} heads, MLP ×{info['mlp_ratio']}{', QK-norm' if info['qk_norm'] else ''}"
-        size += f", {info['positions']} positions"
-    table.add_row("model", f"{info['model']} ({size}, context {info['context']})")
+    shape = shape_words(
+        info["layers"],
+        info["d_model"],
+        info["context"],
+        info["heads"],
+        info["mlp_ratio"],
+        info["qk_norm"],
+        info["positions"],
+    )
+    table.add_row("model", f"{info['model']} ({shape})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
     if info.get("compressed"):  # charlm compress
         table.add_row("compressed", Text(safe_text(info["compressed"])))
