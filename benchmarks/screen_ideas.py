@@ -9,6 +9,12 @@ PATCHES is a comma list (or "-" for none) of:
     ns:N         Muon's Newton-Schulz iterations (now a setting: muon_steps=N)
     qknorm[:G]   queries and keys at unit RMS before RoPE, in the activations' dtype (now a setting: qk_norm=true,
                  in float32), their dot product scaled by G
+    zeroproj     every residual branch's output projection starts at zero (modded-nanoGPT's init)
+    smear        x_t + lam x_(t-1) after the embedding, lam a vector from 0 (now a setting: smear=true)
+    smear2       the same with the two previous tokens, a vector for each
+    shiftall     the same at every block's input (RWKV's token shift, roughly)
+    vemb         a table per layer of token vectors added to its values, from 0 (modded-nanoGPT's value embeddings)
+    x0           each block's input plus a vector times the embedding, from 0
 KEY=VALUE pairs are ModelConfig/TrainConfig fields over the tiny preset's (as bench_train's --set). Prints one
 JSON line: the run, scored as every figure in RESULTS.md is (charlm.evaluate over the whole last 10%).
 The protocol of "The tiny preset, round six" in RESULTS.md: two seeds side by side, one thread each; an idea's
@@ -90,7 +96,115 @@ def qknorm(gain: float = 1.0):
     tr.apply_rope = lambda x, cos, sin: rope(F.rms_norm(x, (x.size(-1),)) * g, cos, sin)
 
 
-PATCHES = {"wsd": wsd, "softcap": softcap, "emblr": emblr, "ns": ns, "qknorm": qknorm}
+def after_init(edit):
+    init = tr.Transformer.__init__
+
+    def __init__(self, cfg, *args, **kw):
+        init(self, cfg, *args, **kw)
+        edit(self, cfg)
+
+    tr.Transformer.__init__ = __init__
+
+
+def zeroproj():
+    def edit(model, cfg):
+        for name, p in model.named_parameters():
+            if name.endswith("proj.weight"):
+                torch.nn.init.zeros_(p)
+
+    after_init(edit)
+
+
+def smear():
+    """x_t + lam * x_(t-1) after the embedding (a per-channel lam, from 0): each position sees its previous token."""
+
+    def edit(model, cfg):
+        model.smear = torch.nn.Parameter(torch.zeros(cfg.d_model))
+        model.drop.register_forward_hook(lambda m, args, x: x + model.smear * F.pad(x, (0, 0, 1, 0))[:, :-1])
+
+    after_init(edit)
+
+
+def smear2():
+    """smear with the two previous tokens, a lam for each"""
+
+    def edit(model, cfg):
+        model.smear = torch.nn.Parameter(torch.zeros(2, cfg.d_model))
+
+        def hook(m, args, x):
+            return x + model.smear[0] * F.pad(x, (0, 0, 1, 0))[:, :-1] + model.smear[1] * F.pad(x, (0, 0, 2, 0))[:, :-2]
+
+        model.drop.register_forward_hook(hook)
+
+    after_init(edit)
+
+
+def shiftall():
+    """smear at every block's input: x_t + lam_i * x_(t-1) of the residual stream (RWKV's token shift, roughly)"""
+
+    def edit(model, cfg):
+        model.shift = torch.nn.Parameter(torch.zeros(len(model.blocks), cfg.d_model))
+        for i, block in enumerate(model.blocks):
+            block.register_forward_pre_hook(
+                lambda m, args, i=i: (args[0] + model.shift[i] * F.pad(args[0], (0, 0, 1, 0))[:, :-1], *args[1:])
+            )
+
+    after_init(edit)
+
+
+def vemb():
+    """a table per layer of token vectors added to that layer's values (modded-nanogpt's value embeddings), from 0"""
+
+    def edit(model, cfg):
+        A = cfg.n_heads * cfg.head_size
+        model.vemb = torch.nn.ModuleList(torch.nn.Embedding(cfg.vocab_size, A) for _ in model.blocks)
+        for table in model.vemb:
+            torch.nn.init.zeros_(table.weight)
+        seen = {}
+        model.register_forward_pre_hook(lambda m, args: seen.update(idx=args[0]))
+        for block, table in zip(model.blocks, model.vemb):
+
+            def add(m, args, out, table=table):
+                return torch.cat((out[..., : 2 * A], out[..., 2 * A :] + table(seen["idx"]).to(out.dtype)), -1)
+
+            block.attn.qkv.register_forward_hook(add)
+
+    after_init(edit)
+
+
+def x0():
+    """each block's input plus lam_i times the embedding (a per-channel lam per block, from 0)"""
+
+    def edit(model, cfg):
+        model.x0_lam = torch.nn.Parameter(torch.zeros(len(model.blocks), cfg.d_model))
+        seen = {}
+
+        def keep(m, args, x):
+            seen.update(x0=x)
+
+        model.drop.register_forward_hook(keep)
+        for i, block in enumerate(model.blocks):
+            if i:
+                block.register_forward_pre_hook(
+                    lambda m, args, i=i: (args[0] + model.x0_lam[i] * seen["x0"], *args[1:])
+                )
+
+    after_init(edit)
+
+
+PATCHES = {
+    "wsd": wsd,
+    "softcap": softcap,
+    "emblr": emblr,
+    "ns": ns,
+    "qknorm": qknorm,
+    "zeroproj": zeroproj,
+    "smear": smear,
+    "smear2": smear2,
+    "shiftall": shiftall,
+    "vemb": vemb,
+    "x0": x0,
+}
 
 
 def main() -> None:

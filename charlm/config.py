@@ -74,12 +74,16 @@ def shape_words(
     mlp_ratio: int | None = None,
     qk_norm: bool = False,
     positions: str | None = None,
+    smear: bool = False,
+    tied: bool = True,
 ) -> str:
     """A model's shape in the one wording of train's header, `info` and --help's presets: "3 layers × 128, 4 heads,
-    MLP ×3, QK-norm, rope positions, context 64" (heads and what follows them: a Transformer's)."""
+    MLP ×3, QK-norm, smear, untied head, rope positions, context 64" (heads and what follows them: a
+    Transformer's)."""
     words = [f"{layers} layer{'s' * (layers != 1)} × {width}"]
     if heads:
-        words += [f"{heads} heads", f"MLP ×{mlp_ratio}"] + ["QK-norm"] * bool(qk_norm)
+        words += [f"{heads} heads", f"MLP ×{mlp_ratio}"] + ["QK-norm"] * bool(qk_norm) + ["smear"] * bool(smear)
+        words += ["untied head"] * (not tied)
         words += [f"{positions} positions"] if positions else []
     return ", ".join([*words, f"context {context}"])
 
@@ -139,9 +143,24 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         applies_to="transformer",
         section="Model",
     )
-    # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the lab's recall and
-    # copy models: with a tied head the current key's own embedding pulls the answer toward the key itself)
-    tied: bool = internal(True, applies_to="transformer")
+    smear: bool = flag(  # as in the modded-nanoGPT speedrun (a vector, not its gate); the tiny preset learns faster
+        False,
+        "Add to each token's embedding a learned share of the previous token's, per channel (smear; transformer).",
+        from_preset=True,
+        applies_to="transformer",
+        section="Model",
+    )
+    # the output head reads the embedding table (GPT-2's tying); False: a head of its own (the tiny preset, which
+    # learns faster with it beside smear; the lab's recall and copy models: with a tied head the current key's own
+    # embedding pulls the answer toward the key itself)
+    tied: bool = flag(
+        True,
+        "Let the output head read the embedding table (GPT-2's weight tying) instead of a matrix of its own "
+        "(transformer).",
+        from_preset=True,
+        applies_to="transformer",
+        section="Model",
+    )
     # a pruned model's sizes (charlm compress drops heads or units): None means the usual d_model // n_heads and
     # d_model. A transformer that lost heads keeps their size: its attention is n_heads × head_dim wide
     head_dim: int | None = internal(None, applies_to="transformer", range=Range(1, 16384), what="head size")
@@ -167,10 +186,18 @@ class ModelConfig:  # not Validated: vocab_size is known only once the tokenizer
         return only is None or only == self.kind
 
     def describe(self) -> str:
-        """The model's shape in a few words: "transformer (3 layers × 128, 4 heads, MLP ×3, QK-norm, context 64)"."""
+        """The model's shape in a few words: "transformer (3 layers × 128, 4 heads, MLP ×3, QK-norm, smear, untied
+        head, context 64)"."""
         tf = self.applies("n_heads")
         shape = shape_words(
-            self.n_layers, self.d_model, self.context, self.n_heads if tf else None, self.mlp_ratio, self.qk_norm
+            self.n_layers,
+            self.d_model,
+            self.context,
+            self.n_heads if tf else None,
+            self.mlp_ratio,
+            self.qk_norm,
+            smear=self.smear,
+            tied=self.tied,
         )
         return f"{self.kind} ({shape})"
 

@@ -27,6 +27,8 @@ PRESET_TABLE: dict[str, dict[str, dict]] = {
             context=64,
             mlp_ratio=3,
             qk_norm=True,
+            smear=True,
+            tied=False,
             dropout=0.0,
             batch_size=32,
             lr=8e-3,
@@ -40,6 +42,8 @@ PRESET_TABLE: dict[str, dict[str, dict]] = {
             context=256,
             mlp_ratio=4,
             qk_norm=False,
+            smear=False,
+            tied=True,
             dropout=0.1,
             batch_size=32,
             lr=2e-3,
@@ -51,6 +55,8 @@ PRESET_TABLE: dict[str, dict[str, dict]] = {
             context=512,
             mlp_ratio=4,
             qk_norm=False,
+            smear=False,
+            tied=True,
             dropout=0.1,
             batch_size=32,
             lr=1e-3,
@@ -77,7 +83,14 @@ def describe_presets() -> list[tuple[str, str]]:
 
     def sizes(s: dict) -> str:
         shape = shape_words(
-            s["n_layers"], s["d_model"], s["context"], s.get("n_heads"), s.get("mlp_ratio"), s.get("qk_norm")
+            s["n_layers"],
+            s["d_model"],
+            s["context"],
+            s.get("n_heads"),
+            s.get("mlp_ratio"),
+            s.get("qk_norm"),
+            smear=s.get("smear"),
+            tied=s.get("tied", True),
         )
         return f"{shape}, dropout {s['dropout']:g}, batch {s['batch_size']}, lr {s['lr']:g}" + (
             f", Muon {s['muon_steps']} steps, momentum {s['muon_momentum']:g}" if "muon_steps" in s else ""

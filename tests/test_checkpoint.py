@@ -33,10 +33,10 @@ from charlm.training.trainer import Trainer
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 30
 
 
-def trainer(tmp_path: Path, kind: str = "transformer", out: str = "run", **train) -> Trainer:
+def trainer(tmp_path: Path, kind: str = "transformer", out: str = "run", model: dict | None = None, **train) -> Trainer:
     corpus = tmp_path / "romeo.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    model_cfg = ModelConfig(kind=kind, n_layers=1, d_model=32, n_heads=2, context=16)
+    model_cfg = ModelConfig(kind=kind, n_layers=1, d_model=32, n_heads=2, context=16, **(model or {}))
     train_cfg = TrainConfig(
         **{
             **dict(steps=50, batch_size=4, warmup=2, eval_interval=50, eval_iters=1, sample_tokens=0, device="cpu"),
@@ -67,9 +67,13 @@ def saved(tmp_path) -> Path:
 # ---- save / load ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["transformer", "lstm", "gru"])
-def test_loaded_model_gives_the_same_logits(tmp_path, kind):
-    run = trainer(tmp_path, kind)
+@pytest.mark.parametrize(
+    "kind,model",
+    [("transformer", {}), ("transformer", dict(qk_norm=True, smear=True)), ("lstm", {}), ("gru", {})],
+    ids=["transformer", "transformer-qk-norm-smear", "lstm", "gru"],
+)
+def test_loaded_model_gives_the_same_logits(tmp_path, kind, model):
+    run = trainer(tmp_path, kind, model=model)
     run.fit(until=3)
     ckpt = checkpoint.load(tmp_path / "run" / LAST)
     assert not ckpt.model.training
@@ -687,15 +691,17 @@ def test_a_non_numeric_metric_is_one_line(saved, tmp_path, changes, message):
     one_line_error(CliRunner().invoke(main, ["info", str(bad)]), "is a damaged charlm checkpoint", message)
 
 
-def test_qk_norm_is_read_as_saved_and_absent_means_off(saved, tmp_path):
-    """ModelConfig.qk_norm: a checkpoint from before it (no such field) is a model without it, and a field that is
-    not true or false is a one-line error, not a model built on a guess."""
+@pytest.mark.parametrize("field", ["qk_norm", "smear"])
+def test_a_newer_switch_is_read_as_saved_and_absent_means_off(saved, tmp_path, field):
+    """ModelConfig.qk_norm and .smear: a checkpoint from before them (no such field) is a model without them, and a
+    field that is not true or false is a one-line error, not a model built on a guess."""
     t, m = tensors_and_metadata(saved)
     cfg = json.loads(m["model_config"])
-    older = _st(saved, tmp_path, "older.safetensors", model_config={k: v for k, v in cfg.items() if k != "qk_norm"})
-    assert checkpoint.read(older).model_config.qk_norm is False
+    older = _st(saved, tmp_path, "older.safetensors", model_config={k: v for k, v in cfg.items() if k != field})
+    assert getattr(checkpoint.read(older).model_config, field) is False
     for value in ("yes", 1):
-        bad = _st(saved, tmp_path, "bad.safetensors", model_config=cfg | {"qk_norm": value})
+        bad = _st(saved, tmp_path, "bad.safetensors", model_config=cfg | {field: value})
         r = CliRunner().invoke(main, ["info", str(bad)])
-        assert r.exit_code == 1 and r.stderr.startswith("error: ") and "qk_norm" in r.stderr, r.stderr
+        flag = "--" + field.replace("_", "-")  # named as the user knows it (the path holds the test's name)
+        assert r.exit_code == 1 and r.stderr.startswith("error: ") and f"{flag} must be true or false" in r.stderr
         assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1

@@ -93,7 +93,7 @@ def test_train_help_groups_its_options_and_explains_the_presets():
     presets = " ".join(out.split("Presets")[1].split("Examples:")[0].split())
     for name in ("tiny", "small", "medium"):
         tf, rnn = PRESET_TABLE["transformer"][name], PRESET_TABLE["lstm"][name]
-        qk = ", QK-norm" if tf["qk_norm"] else ""
+        qk = ", QK-norm" * tf["qk_norm"] + ", smear" * tf["smear"] + ", untied head" * (not tf["tied"])
         assert (
             f"{name} for" in presets
             and f"transformer {tf['n_layers']} layers × {tf['d_model']}, {tf['n_heads']} heads, MLP ×{tf['mlp_ratio']}"

@@ -39,7 +39,10 @@ def test_train_writes_checkpoints_and_metrics_and_says_what_next(corpus, tmp_pat
     r = train_ok(corpus, tmp_path / "run", "--steps", 20, "--eval-interval", 10)
     assert r.stderr == ""
     out = r.stdout
-    assert "transformer (1 layer × 32, 2 heads, MLP ×3, QK-norm, context 32)" in out and "char tokenizer" in out
+    assert (
+        "transformer (1 layer × 32, 2 heads, MLP ×3, QK-norm, smear, untied head, context 32)" in out
+        and "char tokenizer" in out
+    )
     assert "eval step 10:" in out and "eval step 20:" in out and "bits/char" in out
     assert "training done" in out and "20 (reached --steps)" in out
     assert f"charlm chat {tmp_path / 'run'}" in out
@@ -53,7 +56,7 @@ def test_info_on_a_run_directory_and_a_file(run):
     r = cli("info", run)
     assert r.exit_code == 0 and r.stderr == ""
     for text in (
-        "transformer (1 layer × 32, 2 heads, MLP ×3, QK-norm, rope",
+        "transformer (1 layer × 32, 2 heads, MLP ×3, QK-norm, smear,",
         f"char, {len(set(CITIZENS))} tokens",
         "10 steps in",
         "nats/token",

@@ -32,7 +32,6 @@ from charlm.settings import Range, flag_name
 # fields with no flag, on purpose: set by code (vocab_size from the tokenizer) or fixed by design
 INTERNAL = {
     (ModelConfig, "vocab_size"),
-    (ModelConfig, "tied"),
     (ModelConfig, "head_dim"),  # a pruned model's sizes (charlm compress)
     (ModelConfig, "hidden"),
     (TrainConfig, "min_lr_ratio"),

@@ -15,10 +15,12 @@ from charlm.models.fast_decode import FastDecoder
 from charlm.tokenizer import CharTokenizer
 
 VOCAB = 40
-QK_NORM = pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
+# the tiny preset's extras (ModelConfig.qk_norm, .smear, an untied head), off and on: every path checked with and
+# without them
+EXTRAS = pytest.mark.parametrize("extras", [False, True], ids=["plain", "qk-norm+smear+untied"])
 
 
-def model_of(positions="rope", layers=3, context=24, seed=0, qk_norm=False):
+def model_of(positions="rope", layers=3, context=24, seed=0, extras=False):
     """Random weights large enough that logits are O(1..10), so a 1e-4 agreement means something."""
     torch.manual_seed(seed)
     cfg = ModelConfig(
@@ -29,7 +31,9 @@ def model_of(positions="rope", layers=3, context=24, seed=0, qk_norm=False):
         n_heads=4,
         context=context,
         positions=positions,
-        qk_norm=qk_norm,
+        qk_norm=extras,
+        smear=extras,
+        tied=not extras,
     )
     model = build_model(cfg).eval()
     with torch.no_grad():
@@ -101,11 +105,11 @@ def decode_all(model, ids: list[int], prefill: int) -> str | None:
     return None
 
 
-@QK_NORM
+@EXTRAS
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("prefill", [1, 7])
-def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill, qk_norm):
-    model = model_of(positions, qk_norm=qk_norm)
+def test_fast_step_equals_torch_block_by_block_at_every_position(positions, prefill, extras):
+    model = model_of(positions, extras=extras)
     ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
     problem = decode_all(model, ids, prefill)
     assert problem is None, problem
@@ -204,12 +208,12 @@ def follows_torch_past_the_context(model, make_decoder, made_before_the_prompt: 
     torch.testing.assert_close(fast_cache.v, torch_cache.v, atol=1e-5, rtol=0)
 
 
-@QK_NORM
+@EXTRAS
 @pytest.mark.parametrize("positions", ["rope", "alibi"])  # the relative ones: their cache rolls
-def test_rolling_cache_fast_equals_torch_far_past_the_context(positions, qk_norm):
+def test_rolling_cache_fast_equals_torch_far_past_the_context(positions, extras):
     """Three contexts' worth of tokens after the cache fills: the same logits and the same cache
     contents (ring order included) as torch's one-token steps, at every position."""
-    model = model_of(positions, context=8, qk_norm=qk_norm)
+    model = model_of(positions, context=8, extras=extras)
     follows_torch_past_the_context(model, FastDecoder, made_before_the_prompt=True)
 
 
@@ -348,12 +352,12 @@ def compiled_all(compiled, model, ids, prefill, storage, tol=1e-4, found=None):
 IDS = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@QK_NORM
+@EXTRAS
 @pytest.mark.parametrize("positions", POSITIONS)
-def test_compiled_step_equals_torch_block_by_block(compiled, positions, qk_norm):
+def test_compiled_step_equals_torch_block_by_block(compiled, positions, extras):
     """The kernel's arithmetic, with the weights as they are (float32 storage): torch's recompute of the whole
     prefix at every position, block by block, to 1e-4 on logits of O(1..10)."""
-    problem = compiled_all(compiled, model_of(positions, qk_norm=qk_norm), IDS, 3, "f32")
+    problem = compiled_all(compiled, model_of(positions, extras=extras), IDS, 3, "f32")
     assert problem is None, problem
 
 
@@ -440,11 +444,11 @@ def test_a_pruned_model_steps_compiled(compiled):
     assert problem is None, problem
 
 
-@QK_NORM
+@EXTRAS
 @pytest.mark.parametrize("positions", ["rope", "alibi"])
-def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions, qk_norm):
+def test_compiled_rolling_cache_equals_torch_far_past_the_context(compiled, positions, extras):
     """A rolling cache that wraps four times: logits and cache contents (ring order) as torch's one-token steps."""
-    model = rounded_to_bf16(model_of(positions, context=8, qk_norm=qk_norm))
+    model = rounded_to_bf16(model_of(positions, context=8, extras=extras))
     follows_torch_past_the_context(model, compiled.CompiledDecoder)
 
 

@@ -166,6 +166,41 @@ def test_qk_norm_cached_decoding_equals_full_forward(positions):
     torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-4, rtol=0)
 
 
+def smeared(positions: str) -> torch.nn.Module:
+    model = tiny("transformer", positions, smear=True)
+    with torch.no_grad():
+        model.smear.normal_(0.0, 1.0)  # it starts at zero: a test of a zero smear would test nothing
+    return model
+
+
+def test_smear_adds_a_share_of_the_previous_tokens_embedding():
+    """ModelConfig.smear against its definition, written out: what the blocks get is e(x_t) + smear * e(x_(t-1)),
+    and e(x_0) alone at the first position."""
+    model = smeared("rope")
+    x = tokens(t=9)
+    seen = {}
+    model.drop.register_forward_hook(lambda m, args, out: seen.update(x=out))
+    model(x)
+    e, s = model.tok_emb.weight, model.smear
+    want = torch.stack([torch.stack([e[row[0]]] + [e[row[t]] + s * e[row[t - 1]] for t in range(1, 9)]) for row in x])
+    torch.testing.assert_close(seen["x"], want.detach())
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_smear_cached_decoding_equals_full_forward(positions):
+    """The cache keeps the last token fed: a piece's first position reads its embedding (one token at a time, and a
+    chunk on top of a filled cache, as one pass)."""
+    model = smeared(positions)
+    x = tokens(t=14)
+    full, _ = model(x)
+    cache = model.new_cache(B)
+    pieces = [x[:, :5]] + [x[:, i : i + 1] for i in range(5, 11)] + [x[:, 11:14]]
+    with torch.no_grad():
+        out = [model(piece, cache=cache)[0] for piece in pieces]
+    torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-4, rtol=0)
+    assert cache.last.tolist() == x[:, -1].tolist()
+
+
 def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
     """What QK-norm is (each head's q and k at unit RMS): scaling one head's query rows or key rows of qkv by any
     positive number changes no logit; without it, the same scaling does."""
@@ -380,6 +415,22 @@ def test_the_parameter_count_without_a_model_is_the_real_count(kind):
     for layers, d_model, vocab in [(1, 32, 65), (4, 256, 100), (2, 512, 1024)]:
         cfg = ModelConfig(kind=kind, vocab_size=vocab, n_layers=layers, d_model=d_model, n_heads=4, context=64)
         assert config_params(cfg) == count_params(build_model(cfg)), cfg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_squareds_gradient_is_autograds(dtype):
+    """transformer.relu_squared's hand-written backward against autograd through F.relu then square, with exact
+    zeros among the inputs (where relu's gradient is decided)."""
+    from charlm.models.transformer import relu_squared
+
+    x = (torch.randn(4, 6, 48) * 3).to(dtype)
+    x[0, 0, :8] = 0.0
+    g = torch.randn(4, 6, 48).to(dtype)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (relu_squared(mine) * g).sum().backward()
+    (torch.nn.functional.relu(ref).square() * g).sum().backward()
+    torch.testing.assert_close(relu_squared(x), torch.nn.functional.relu(x).square(), rtol=0, atol=0)
+    torch.testing.assert_close(mine.grad, ref.grad)
 
 
 def test_qk_norms_gradient_is_f_rms_norms():

@@ -167,6 +167,8 @@ class CompiledDecoder:
         self.slopes = model.alibi_slopes.numpy() if self.alibi else np.zeros(nh, np.float32)
         self.scale = 1.0 / math.sqrt(hs)
         self.qk_norm, self.qk_eps = cfg.qk_norm, float(QK_NORM_EPS)
+        self.smear = model.smear.detach().numpy() if cfg.smear else None
+        self.last, self.row = cache.last.numpy(), np.zeros(C, np.float32)  # the cache's last token, shared
 
     supports = staticmethod(supports)
 
@@ -186,6 +188,9 @@ class CompiledDecoder:
         if not 0 <= token < len(self.emb):  # the kernel does not check its indices (torch's step would raise)
             raise IndexError(f"token {token} is outside the vocabulary of {len(self.emb)}")
         pos_row = self.zero_row if self.pos_table is None else self.pos_table[pos]
+        if self.smear is not None and pos > 0:  # smear: added to the token's embedding as a position's row is
+            pos_row = np.add(pos_row, self.smear * self.emb[self.last[0]], out=self.row)
+        self.last[0] = token
         cos, sin = (self.cos[pos], self.sin[pos]) if pos < len(self.cos) else self._rope_past(pos)
         tr = np.zeros((2 * self.cfg.n_layers, self.cfg.d_model), np.float32) if trace is not None else self.no_trace
         w = self.w

@@ -138,6 +138,8 @@ class FastDecoder:
         self.h = np.empty(model.blocks[0].mlp.fc.weight.shape[0], f32)  # the MLP's hidden layer
         self.scale = 1.0 / math.sqrt(hs)
         self.qk_norm = (np.empty((2 * nh, 1), f32), 1.0 / hs, float(QK_NORM_EPS)) if cfg.qk_norm else None
+        self.smear = _np(model.smear) if cfg.smear else None
+        self.last = cache.last.numpy()  # the cache's last token, shared: written here as the torch step writes it
         self.pos_table = self.rope = self.alibi = None
         if cfg.positions == "learned":
             self.pos_table = _np(model.pos_emb.weight)
@@ -185,6 +187,9 @@ class FastDecoder:
             x[:] = self.tok_emb[token]  # (C,)
         else:  # learned or sinusoidal positions
             np.add(self.tok_emb[token], self.pos_table[pos], out=x)
+        if self.smear is not None and pos > 0:  # smear: a share of the previous token's embedding
+            x += np.multiply(self.smear, self.tok_emb[self.last[0]], out=w)
+        self.last[0] = token
         qk = self.qk
         if self.rope is not None:  # apply_rope at this position as one matrix (hs, hs): x @ rope
             rope, rope_at, rope_values = self.rope

@@ -17,6 +17,8 @@ def transformer(cfg: ModelConfig) -> Shapes:
     shapes = {"tok_emb.weight": (cfg.vocab_size, C)}
     if cfg.positions == "learned":
         shapes["pos_emb.weight"] = (cfg.context, C)
+    if cfg.smear:
+        shapes["smear"] = (C,)
     for i in range(cfg.n_layers):
         shapes |= {
             f"blocks.{i}.norm1.weight": (C,),

@@ -1,5 +1,6 @@
-"""A GPT-style decoder: token embedding (+ positions), N pre-norm blocks of causal self-attention and
-an MLP, a final norm and an output head tied to the embedding (or its own: ModelConfig.tied).
+"""A GPT-style decoder: token embedding (+ a share of the previous token's: ModelConfig.smear) (+ positions),
+N pre-norm blocks of causal self-attention and an MLP, a final norm and an output head tied to the
+embedding (or its own: ModelConfig.tied).
 
 Positions (ModelConfig.positions): learned or sinusoidal vectors added to the embeddings (absolute);
 rope turns queries and keys by their position, so a score depends on the distance between two tokens;
@@ -29,8 +30,9 @@ from charlm.models import Part
 class KVCache:
     """Keys and values of every layer, pre-allocated for `slots` positions (the model's context).
 
-    `pos` is how many positions have been fed. The model writes layer by layer and advances `pos` once
-    per forward call, after the last layer. A rolling cache (relative positions: RoPE, ALiBi) goes on
+    `pos` is how many positions have been fed, `last` the token fed last in each row (a smear model's next
+    position reads its embedding). The model writes layer by layer and advances `pos` once per forward call,
+    after the last layer. A rolling cache (relative positions: RoPE, ALiBi) goes on
     past its slots, one token at a time: each new position overwrites the oldest (a ring buffer), so it
     always holds the last `slots` positions. RoPE keys are stored already rotated to their position and
     ALiBi's bias is computed from each slot's distance, so a query sees every kept key at its true
@@ -51,6 +53,7 @@ class KVCache:
         shape = (n_layers, batch_size, n_heads, slots, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.last = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.slots, self.rolling = slots, rolling
         self.pos = 0
 
@@ -111,6 +114,27 @@ class _UnitRMS(torch.autograd.Function):
     def backward(ctx, g):
         y, r = ctx.saved_tensors
         return r * (g - y * (g * y).mean(-1, keepdim=True))
+
+
+class _ReluSquare(torch.autograd.Function):
+    """relu(x)² with its gradient written out, 2 relu(x) g: two passes over the MLP's widest activation each way,
+    where autograd's relu, then square, make three forward and four backward (RESULTS.md, "Speed, round six")."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.relu(x)
+        ctx.save_for_backward(y)
+        return y * y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g.mul(y).mul_(2)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation, ReLU² (fast_decode.py and _decode_kernel.py repeat it in numpy and numba: change all)."""
+    return _ReluSquare.apply(x)
 
 
 def qk_normed(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -244,8 +268,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        # ReLU²: cheap, and learns fast (fast_decode.py repeats this in numpy: change both)
-        return self.drop(self.proj(F.relu(self.fc(x)).square()))
+        return self.drop(self.proj(relu_squared(self.fc(x))))  # ReLU²: cheap, and learns fast
 
 
 class Block(nn.Module):
@@ -280,6 +303,8 @@ class Transformer(nn.Module):
         elif cfg.positions == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
         # nope: nothing
+        if cfg.smear:  # how much of the previous token's embedding each position adds to its own, per channel
+            self.smear = nn.Parameter(torch.zeros(cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -406,6 +431,9 @@ class Transformer(nn.Module):
         if not (cache.fits(T) if cache is not None else T <= self.cfg.context):
             raise ValueError(f"{start + T} positions exceed the model's context of {self.cfg.context}")
         x = self.tok_emb(idx)  # (B, T, C)
+        if self.cfg.smear:  # the first position's previous token is the cache's last one (none at the start)
+            first = self.tok_emb(cache.last)[:, None] if start > 0 else torch.zeros_like(x[:, :1])
+            x = x + self.smear * torch.cat((first, x[:, :-1]), 1)
         rope = bias = None
         positions, rolled = self.cfg.positions, start + T > self.cfg.context  # rolled: a rolling cache, past its slots
         if positions == "learned":
@@ -422,6 +450,7 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, rope, bias, cache, attn)
         if cache is not None:
+            cache.last.copy_(idx[:, -1])
             cache.pos += T
         logits = self.head(self.norm(x))  # (B, T, vocab)
         loss = None

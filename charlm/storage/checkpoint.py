@@ -173,6 +173,8 @@ class Saved:
             "positions": m.positions if m.applies("positions") else None,
             "mlp_ratio": m.mlp_ratio if m.applies("mlp_ratio") else None,
             "qk_norm": m.qk_norm if m.applies("qk_norm") else None,
+            "smear": m.smear if m.applies("smear") else None,
+            "tied": m.tied if m.applies("tied") else None,
             "params": self.params,
             "tokenizer": self.train_config.tokenizer,
             "vocab_size": m.vocab_size,  # read() checked that the tokenizer has as many

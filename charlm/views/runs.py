@@ -149,6 +149,8 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
         info["mlp_ratio"],
         info["qk_norm"],
         info["positions"],
+        smear=info.get("smear"),  # these two absent from a summary read before they were kept
+        tied=info.get("tied") is not False,
     )
     table.add_row("model", f"{info['model']} ({shape})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
