@@ -417,7 +417,7 @@ class _Writer(pickle.Pickler):
 FIELDS = (  # names a payload holds, for keys to add
     "format version run_name model_config train_config tokenizer model step train_seconds best_val_loss "
     "best_val_bpc params device metrics corpus optimizer rng scaler world_size weights_sha256 distributed "
-    "kind vocab_size n_layers d_model n_heads context dropout positions mlp_ratio qk_norm steps max_time "
+    "kind vocab_size n_layers d_model n_heads context dropout positions mlp_ratio qk_norm smear tied steps max_time "
     "batch_size precision grad_accum lr min_lr_ratio warmup seed name sha256 train_tokens val_tokens chars_per_token "
     "chars merges vocab type"
 ).split()

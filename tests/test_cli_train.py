@@ -334,6 +334,10 @@ RESUME_ERRORS = {  # the arguments after CORPUS, and what the error says
         "this run is a transformer, not a lstm",
     ),
     "other lr": (lambda run, tmp: ["--resume", "--out", run, "--lr", 0.5], "this run was trained with --lr"),
+    "other switch": (  # a switch as it is typed, not "--smear True, not False"
+        lambda run, tmp: ["--resume", "--out", run, "--no-smear"],
+        "this run was trained with --smear, not --no-smear;",
+    ),
     "other preset": (
         lambda run, tmp: ["--resume", "--out", run, "--preset", "small"],
         "this run was trained with --layers 1, not 6 (from --preset)",

@@ -169,6 +169,14 @@ def given_settings(typed: set[str], preset: bool) -> set[str]:
     return given
 
 
+def _as_typed(f, value, flag: bool = True) -> str:
+    """A setting as a user types it: --layers 2 (or just 2 with flag=False), and a switch as --smear or --no-smear."""
+    name = flag_name(f) or f.name
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    return f"--{name} {value}" if flag else str(value)
+
+
 def resume_configs(
     out: Path, saved, model_cfg: ModelConfig, train_cfg: TrainConfig, world_size: int = 1, given: set[str] | None = None
 ) -> tuple[ModelConfig, TrainConfig]:
@@ -201,7 +209,7 @@ def resume_configs(
         if ("model." + f.name in given or "preset:" + f.name in given) and new != old:
             source = " (from --preset)" if "model." + f.name not in given else ""
             raise ConfigError(
-                f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}{source}; "
+                f"--resume: this run was trained with {_as_typed(f, old)}, not {_as_typed(f, new, flag=False)}{source}; "
                 "drop the flag, or start a new run with another --out"
             )
     if "teacher" in given and train_cfg.teacher is not None and old_train.teacher_sha256 is not None:
@@ -216,7 +224,7 @@ def resume_configs(
             changes[f.name] = new
         elif new != old:
             raise ConfigError(
-                f"--resume: this run was trained with --{flag_name(f) or f.name} {old}, not {new}; only "
+                f"--resume: this run was trained with {_as_typed(f, old)}, not {_as_typed(f, new, flag=False)}; only "
                 f"{', '.join('--' + flag_name(r) for r in fields(TrainConfig) if r.metadata.get('resumable'))} may change"
             )
     if given & {"steps", "max_time"}:  # a new budget replaces the old one: --steps alone means no time limit
