@@ -24,6 +24,7 @@ from charlm import config, errors, options, presets, settings
 from charlm.commands import failure, user_errors
 from charlm.flags import CharlmCommand, config_options, from_flags
 from charlm.storage import runs
+from charlm.training.stopping import Quit, SetupInterrupted
 from charlm.views.text import (
     Loading,
     PipeClosed,
@@ -49,7 +50,9 @@ class CharlmGroup(click.Group):
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        except (click.exceptions.Abort, KeyboardInterrupt, SetupInterrupted, Quit) as e:
+            # Ctrl-C; or a stop signal in a command's set-up, or a second one (a lab between its runs: nothing of
+            # the run being set up to save), which carries its signal
             if isinstance(e.__cause__, EOFError):  # Click reads any EOFError as Ctrl-D: this one is a failure
                 print_error(failure(e.__cause__))
                 sys.exit(1)
@@ -57,7 +60,7 @@ class CharlmGroup(click.Group):
                 for s in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(s, signal.SIG_IGN)
             err_console().print("interrupted")
-            sys.exit(130)
+            sys.exit(128 + e.signum if isinstance(e, (SetupInterrupted, Quit)) else 130)
         except PipeClosed:  # the reader went away (`| head`): stop quietly, as coreutils do
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
             sys.exit(128 + signal.SIGPIPE)

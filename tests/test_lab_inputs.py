@@ -45,6 +45,21 @@ def test_two_labs_into_one_out_and_ctrl_c_in_a_lab(tmp_path):
     assert "interrupted" in stderr and "unexpected" not in stderr and "Traceback" not in stderr, stderr
 
 
+@pytest.mark.parametrize("stop", ["SetupInterrupted", "Quit"])
+def test_a_stop_signal_between_a_labs_runs_is_interrupted_with_its_exit_code(tmp_path, monkeypatch, stop):
+    """Regression: a SIGINT that reached `lab induction` while its next model was being set up (no training loop to
+    defer it) ended in "unexpected SetupInterrupted: 2 … please report it", exit 1. Any command that lets a
+    trainer's stop escape now says "interrupted" and exits 128 + the signal (here SIGTERM's 143)."""
+    from charlm.training import stopping
+
+    def run(*args, **kwargs):
+        raise getattr(stopping, stop)(signal.SIGTERM)
+
+    monkeypatch.setattr("charlm.lab.induction.run", run)
+    r = cli("lab", "induction", "--quick", "--out", tmp_path / "lab")
+    assert r.exit_code == 143 and r.stderr == "interrupted\n", (r.exit_code, r.stderr)
+
+
 def test_lab_out_that_cannot_be_written_is_refused_before_any_work(tmp_path):
     """Regression (item 16): `lab … --out` on a file, or a path under a file, was an unexpected OSError after
     the work began (train checks its --out first; lab did not)."""
