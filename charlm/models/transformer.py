@@ -118,7 +118,7 @@ class _UnitRMS(torch.autograd.Function):
 
 class _ReluSquare(torch.autograd.Function):
     """relu(x)² with its gradient written out, 2 relu(x) g: two passes over the MLP's widest activation each way,
-    where autograd's relu, then square, make three forward and four backward (RESULTS.md, "Speed, round six")."""
+    where autograd's relu, then square, make three forward and four backward (RESULTS.md, "The tiny preset, round seven")."""
 
     @staticmethod
     def forward(ctx, x):
