@@ -15,6 +15,8 @@ PATCHES is a comma list (or "-" for none) of:
     shiftall     the same at every block's input (RWKV's token shift, roughly)
     vemb         a table per layer of token vectors added to its values, from 0 (modded-nanoGPT's value embeddings)
     x0           each block's input plus a vector times the embedding, from 0
+    bigram       a table of (previous, current) token pairs added to the embedding, from 0 (V² rows: a char model's)
+    smeargate    the preset's smear times sigmoid(w . x_t) of the current token's embedding (modded-nanoGPT's gate)
 KEY=VALUE pairs are ModelConfig/TrainConfig fields over the tiny preset's (as bench_train's --set). Prints one
 JSON line: the run, scored as every figure in RESULTS.md is (charlm.evaluate over the whole last 10%).
 The protocol of "The tiny preset, round six" in RESULTS.md: two seeds side by side, one thread each; an idea's
@@ -152,6 +154,52 @@ def shiftall():
     after_init(edit)
 
 
+def bigram():
+    """a table of (previous token, token) pairs added to the embedding, from 0 (a char vocabulary's V² rows)"""
+
+    def edit(model, cfg):
+        V = cfg.vocab_size
+        model.bigram = torch.nn.Embedding(V * V, cfg.d_model)
+        torch.nn.init.zeros_(model.bigram.weight)
+        seen = {}
+        model.register_forward_pre_hook(lambda m, args: seen.update(idx=args[0]))
+
+        def hook(m, args, x):
+            idx = seen["idx"]
+            pair = F.pad(idx, (1, 0))[:, :-1] * V + idx  # the first position pairs with token 0: its row is learnt too
+            return x + model.bigram(pair).to(x.dtype)
+
+        model.drop.register_forward_hook(hook)
+
+    after_init(edit)
+
+
+def smeargate():
+    """the preset's smear vector times a gate from the current token's embedding, sigmoid(w . x_t) (modded-nanoGPT's)"""
+
+    def edit(model, cfg):
+        model.smear_gate = torch.nn.Linear(cfg.d_model, 1, bias=True)
+        torch.nn.init.zeros_(model.smear_gate.weight)
+        torch.nn.init.constant_(model.smear_gate.bias, 2.0)  # open at the start: sigmoid(2) = 0.88
+        emb = model.tok_emb.forward
+
+        def forward(idx, emb=emb):
+            return emb(idx)
+
+        seen = {}
+        model.register_forward_pre_hook(lambda m, args: seen.update(idx=args[0]))
+
+        def hook(m, args, x):  # x already holds e_t + smear e_(t-1): rescale the smear term by the gate
+            e = model.tok_emb(seen["idx"])
+            prev = F.pad(e, (0, 0, 1, 0))[:, :-1]
+            gate = torch.sigmoid(model.smear_gate(e))
+            return x + (gate - 1) * model.smear * prev
+
+        model.drop.register_forward_hook(hook)
+
+    after_init(edit)
+
+
 def vemb():
     """a table per layer of token vectors added to that layer's values (modded-nanogpt's value embeddings), from 0"""
 
@@ -203,6 +251,8 @@ PATCHES = {
     "smear2": smear2,
     "shiftall": shiftall,
     "vemb": vemb,
+    "bigram": bigram,
+    "smeargate": smeargate,
     "x0": x0,
 }
 
