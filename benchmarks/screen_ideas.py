@@ -17,7 +17,9 @@ PATCHES is a comma list (or "-" for none) of:
     x0           each block's input plus a vector times the embedding, from 0
     bigram       a table of (previous, current) token pairs added to the embedding, from 0 (V² rows: a char model's)
     smeargate    the preset's smear times sigmoid(w . x_t) of the current token's embedding (modded-nanoGPT's gate)
-KEY=VALUE pairs are ModelConfig/TrainConfig fields over the tiny preset's (as bench_train's --set). Prints one
+Patches apply to today's tiny preset: qknorm and smear are settings of it now, so those patches add a second
+copy (screen the setting instead, e.g. smear=false); ns overrides muon_steps. KEY=VALUE pairs are ModelConfig/TrainConfig fields
+over the tiny preset's (as bench_train's --set). Prints one
 JSON line: the run, scored as every figure in RESULTS.md is (charlm.evaluate over the whole last 10%).
 The protocol of "The tiny preset, round six" in RESULTS.md: two seeds side by side, one thread each; an idea's
 loss at the token count the shape reaches in nanoGPT's recipe time (loss per token does not depend on the load).

@@ -16,10 +16,11 @@ PRESETS = ("tiny", "small", "medium")
 # 2-core laptop CPU and a two-minute run (benchmarks/RESULTS.md has the measurements).
 PRESET_TABLE: dict[str, dict[str, dict]] = {
     "transformer": {
-        # tiny: 3 layers with an MLP of 3x the width see more text in a few CPU minutes than 4 with 4x, and QK-norm
-        # learns faster per token, as do Muon's 4 Newton-Schulz iterations and momentum 0.9 (torch's: 5 and 0.95);
-        # batch 32 with attention in fp32 under autocast (RESULTS.md, "The tiny preset, round six"). small and medium
-        # keep GPT-2's MLP, plain attention and torch's Muon (not measured on a GPU with the change).
+        # tiny: 3 layers with an MLP of 3x the width see more text in a few CPU minutes than 4 with 4x, and QK-norm,
+        # smear and an untied head learn faster per token, as do Muon's 4 Newton-Schulz iterations and momentum 0.9
+        # (torch's: 5 and 0.95); batch 32 with attention in fp32 under autocast (RESULTS.md, "The tiny preset, round
+        # six" and "round seven"). small and medium keep GPT-2's MLP, plain attention, no smear, a tied head and
+        # torch's Muon (not measured on a GPU with the change).
         "tiny": dict(
             n_layers=3,
             d_model=128,

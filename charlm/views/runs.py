@@ -149,8 +149,8 @@ def render_info(console: Console, info: dict, curves: dict[str, list[dict]]) -> 
         info["mlp_ratio"],
         info["qk_norm"],
         info["positions"],
-        smear=info.get("smear"),  # these two absent from a summary read before they were kept
-        tied=info.get("tied") is not False,
+        smear=info["smear"],
+        tied=info["tied"] is not False,  # None: a family without a head to tie
     )
     table.add_row("model", f"{info['model']} ({shape})")
     table.add_row("parameters", f"{info['params']:,}" if info["params"] else "?")
